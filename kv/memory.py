@@ -1,0 +1,199 @@
+"""``MemoryStore``: a sorted in-memory store, for tests and throwaway runs.
+
+Built on ``sortedcontainers.SortedDict``. Writers are serialized by one lock
+and buffer their changes in an overlay until commit, so a rollback is just
+dropping the overlay. Readers pin the current version of the data; a commit
+that finds readers on that version copies it first (copy-on-write), so a
+read transaction is a true snapshot and a lazy scan never sees a later commit.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sortedcontainers import SortedDict
+
+from .store import ReadOnlyError, StoreClosedError
+
+__all__ = ["MemoryStore"]
+
+_TOMB = object()
+
+
+class _Version:
+    __slots__ = ("data", "readers")
+
+    def __init__(self, data: SortedDict) -> None:
+        self.data = data
+        self.readers = 0
+
+
+def _irange(d: SortedDict, start: bytes | None, stop: bytes | None, reverse: bool) -> Any:
+    return d.irange(start, stop, inclusive=(True, False), reverse=reverse)
+
+
+class _MemTxn:
+    """A transaction over one version; ``overlay`` is None for readers."""
+
+    def __init__(self, data: SortedDict, overlay: SortedDict | None) -> None:
+        self._data = data
+        self._overlay = overlay
+        self._open = True
+
+    def _check(self, write: bool = False) -> None:
+        if not self._open:
+            raise StoreClosedError("transaction is finished")
+        if write and self._overlay is None:
+            raise ReadOnlyError("cannot write in a read transaction")
+
+    def get(self, key: bytes) -> bytes | None:
+        self._check()
+        if self._overlay is not None and key in self._overlay:
+            v = self._overlay[key]
+            return None if v is _TOMB else v
+        return self._data.get(key)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._check(write=True)
+        assert self._overlay is not None
+        self._overlay[bytes(key)] = bytes(value)
+
+    def delete(self, key: bytes) -> bool:
+        self._check(write=True)
+        assert self._overlay is not None
+        existed = self.get(key) is not None
+        if existed:
+            self._overlay[bytes(key)] = _TOMB
+        return existed
+
+    def scan(
+        self, start: bytes | None = None, stop: bytes | None = None, *, reverse: bool = False
+    ) -> Iterator[tuple[bytes, bytes]]:
+        self._check()
+        data = self._data
+        if self._overlay is None:
+            for k in _irange(data, start, stop, reverse):
+                if not self._open:
+                    raise StoreClosedError("transaction is finished")
+                yield k, data[k]
+            return
+        yield from self._merged(start, stop, reverse)
+
+    def _merged(
+        self, start: bytes | None, stop: bytes | None, reverse: bool
+    ) -> Iterator[tuple[bytes, bytes]]:
+        # Merge base and overlay key streams; the overlay wins on equal keys.
+        overlay = self._overlay
+        assert overlay is not None
+        data = self._data
+        base_it = iter(_irange(data, start, stop, reverse))
+        over_it = iter(_irange(overlay, start, stop, reverse))
+        b = next(base_it, None)
+        o = next(over_it, None)
+        while b is not None or o is not None:
+            if o is None or (b is not None and ((b > o) if reverse else (b < o))):
+                yield b, data[b]
+                b = next(base_it, None)
+                continue
+            if b == o:
+                b = next(base_it, None)
+            v = overlay[o]
+            if v is not _TOMB:
+                yield o, v
+            o = next(over_it, None)
+
+    def delete_range(self, start: bytes | None, stop: bytes | None) -> int:
+        self._check(write=True)
+        keys = [k for k, _ in self.scan(start, stop)]
+        assert self._overlay is not None
+        for k in keys:
+            self._overlay[k] = _TOMB
+        return len(keys)
+
+
+class MemoryStore:
+    """A sorted in-memory ``Store``. Nothing survives the process."""
+
+    def __init__(self, *, readonly: bool = False) -> None:
+        self.readonly = readonly
+        self._current = _Version(SortedDict())
+        self._lock = threading.Lock()  # guards _current and reader counts
+        self._write_lock = threading.Lock()  # one writer at a time
+        self._writer: int | None = None
+        self._closed = False
+
+    # -- hook for FileStore ----------------------------------------------
+    def _persist(self, items: Iterator[tuple[bytes, bytes]]) -> None:
+        """Called with every (key, value) of the state about to be committed,
+        before it is published; an exception aborts the commit."""
+
+    # -- protocol ---------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"{type(self).__name__} is closed")
+
+    @contextmanager
+    def read(self) -> Iterator[_MemTxn]:
+        self._check_open()
+        with self._lock:
+            version = self._current
+            version.readers += 1
+        txn = _MemTxn(version.data, None)
+        try:
+            yield txn
+        finally:
+            txn._open = False
+            with self._lock:
+                version.readers -= 1
+
+    @contextmanager
+    def write(self) -> Iterator[_MemTxn]:
+        self._check_open()
+        if self.readonly:
+            raise ReadOnlyError(f"{type(self).__name__} was opened read-only")
+        if self._writer == threading.get_ident():
+            raise RuntimeError("a write transaction is already open in this thread")
+        with self._write_lock:
+            self._writer = threading.get_ident()
+            try:
+                overlay: SortedDict = SortedDict()
+                txn = _MemTxn(self._current.data, overlay)
+                try:
+                    yield txn
+                finally:
+                    txn._open = False
+                if overlay:
+                    self._commit(txn, overlay)
+            finally:
+                self._writer = None
+
+    def _commit(self, txn: _MemTxn, overlay: SortedDict) -> None:
+        self._persist(txn._merged(None, None, False))
+        with self._lock:
+            version = self._current
+            if version.readers:
+                # Readers hold this version: publish a modified copy.
+                version = _Version(version.data.copy())
+            data = version.data
+            for k, v in overlay.items():
+                if v is _TOMB:
+                    data.pop(k, None)
+                else:
+                    data[k] = v
+            self._current = version
+
+    def close(self) -> None:
+        self._closed = True
+
+    def __enter__(self) -> MemoryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._current.data)

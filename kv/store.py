@@ -1,0 +1,102 @@
+"""The ``Store`` protocol: the whole surface that ``saver/`` may use.
+
+A store hands out transactions::
+
+    with store.read() as txn:      # a consistent snapshot
+        txn.get(k); txn.scan(a, b, reverse=True)
+    with store.write() as txn:     # atomic: commits on success,
+        txn.put(k, v)              # rolls back on any exception
+        txn.delete(k); txn.delete_range(a, b)
+
+Keys and values are ``bytes``. ``scan(start, stop)`` yields ``(key, value)``
+pairs with ``start <= key < stop`` in byte order (``reverse=True``: reverse
+byte order); ``None`` for a bound means "unbounded". Iterators are valid only
+inside their transaction.
+
+Errors form one family rooted at ``KVError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Protocol, runtime_checkable
+
+__all__ = [
+    "CorruptStoreError",
+    "FormatVersionError",
+    "KVError",
+    "KeyTooLongError",
+    "ReadOnlyError",
+    "Store",
+    "StoreBusyError",
+    "StoreClosedError",
+    "StoreFullError",
+    "Txn",
+]
+
+
+class KVError(Exception):
+    """Base class of every error raised by ``kv``."""
+
+
+class ReadOnlyError(KVError):
+    """A write was attempted on a read-only store or inside a read transaction."""
+
+
+class KeyTooLongError(KVError, ValueError):
+    """A key is longer than the backend accepts."""
+
+
+class StoreClosedError(KVError):
+    """The store was used after ``close()``."""
+
+
+class CorruptStoreError(KVError):
+    """The files at the path are not a store of this kind, or are damaged."""
+
+
+class FormatVersionError(KVError):
+    """The store was written by a newer format than this code understands."""
+
+
+class StoreFullError(KVError):
+    """A write would take the store past its configured size cap."""
+
+
+class StoreBusyError(KVError):
+    """The store is held exclusively by another process."""
+
+
+@runtime_checkable
+class Txn(Protocol):
+    """One transaction. Write methods raise ``ReadOnlyError`` in a read transaction."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def put(self, key: bytes, value: bytes) -> None: ...
+
+    def delete(self, key: bytes) -> bool: ...
+
+    def scan(
+        self, start: bytes | None = None, stop: bytes | None = None, *, reverse: bool = False
+    ) -> Iterator[tuple[bytes, bytes]]: ...
+
+    def delete_range(self, start: bytes | None, stop: bytes | None) -> int: ...
+
+
+@runtime_checkable
+class Store(Protocol):
+    """An ordered byte-key store with snapshot reads and atomic writes."""
+
+    readonly: bool
+
+    def read(self) -> AbstractContextManager[Txn]: ...
+
+    def write(self) -> AbstractContextManager[Txn]: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Store: ...
+
+    def __exit__(self, *exc: object) -> None: ...
