@@ -105,9 +105,7 @@ def _pack_int(value: int, out: list[bytes]) -> None:
     n = (magnitude.bit_length() + 7) // 8
     if n > _MAX_INT_BYTES:
         raise ValueError(f"int too large to pack ({n} bytes; the limit is 255)")
-    out.append(
-        bytes((NEG_BIG, n ^ 0xFF)) + (((1 << (8 * n)) - 1) + value).to_bytes(n, "big")
-    )
+    out.append(bytes((NEG_BIG, n ^ 0xFF)) + (((1 << (8 * n)) - 1) + value).to_bytes(n, "big"))
 
 
 def _pack_float(value: float) -> bytes:

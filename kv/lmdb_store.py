@@ -296,8 +296,7 @@ class _LMDBTxn:
     def _check_key(self, key: bytes) -> None:
         if len(key) > self._env.max_key:
             raise KeyTooLongError(
-                f"key of {len(key)} bytes is longer than LMDB's limit of "
-                f"{self._env.max_key} bytes"
+                f"key of {len(key)} bytes is longer than LMDB's limit of {self._env.max_key} bytes"
             )
         if not key:
             raise KeyTooLongError("LMDB does not accept an empty key")

@@ -1,0 +1,752 @@
+"""``KVSaver``: a LangGraph checkpoint saver over any ``kv.Store``.
+
+Uses only the ``Store`` protocol and the key/record formats of
+``saver.schema``. Async methods run the sync code in a worker thread, so a
+disk sync never blocks the event loop and no method body is written twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import random
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from typing import Any, Literal, TypeVar
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    DeltaChannelHistory,
+    PendingWrite,
+    SerializerProtocol,
+    get_checkpoint_metadata,
+    writes_sort_key,
+)
+
+from kv import CorruptStoreError, FileStore, FormatVersionError, LMDBStore, MemoryStore, Store
+from kv.keys import unpack
+
+from . import schema as S
+
+__all__ = ["KVSaver"]
+
+T = TypeVar("T")
+_LIST_CHUNK = 32
+
+
+def _configurable(config: RunnableConfig | None, what: str) -> dict[str, Any]:
+    if not isinstance(config, Mapping):
+        raise TypeError(f"{what}: config must be a dict (RunnableConfig), got {config!r}")
+    conf = config.get("configurable")
+    if not isinstance(conf, Mapping):
+        raise ValueError(
+            f"{what}: config has no 'configurable' dict; pass "
+            "{'configurable': {'thread_id': ...}}"
+        )
+    return dict(conf)
+
+
+def _thread_ns(config: RunnableConfig, what: str) -> tuple[str, str, dict[str, Any]]:
+    conf = _configurable(config, what)
+    thread = conf.get("thread_id")
+    if thread is None:
+        raise ValueError(
+            f"{what}: config['configurable']['thread_id'] is missing; every checkpoint "
+            "belongs to a thread, e.g. {'configurable': {'thread_id': 'user-42'}}"
+        )
+    ns = conf.get("checkpoint_ns")
+    return str(thread), "" if ns is None else str(ns), conf
+
+
+def _id_list(value: Any, what: str) -> list[str]:
+    if isinstance(value, (str, bytes)):
+        raise TypeError(
+            f"{what} takes a list of ids, not a single string {value!r}; "
+            f"write {what.split('(')[0]}([{value!r}])"
+        )
+    return [str(v) for v in value]
+
+
+def _config(thread: str, ns: str, checkpoint_id: str) -> RunnableConfig:
+    return {
+        "configurable": {
+            "thread_id": thread,
+            "checkpoint_ns": ns,
+            "checkpoint_id": checkpoint_id,
+        }
+    }
+
+
+class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncContextManager):
+    """A durable, multi-process LangGraph checkpointer in one directory.
+
+    ``KVSaver("./state")`` opens (or creates) an LMDB store in that directory;
+    ``KVSaver(":memory:")`` keeps everything in memory; ``KVSaver(path,
+    backend="file")`` uses a single-file ``FileStore``; any ``kv.Store`` can be
+    passed in directly.
+
+    Args:
+        path_or_store: a directory, ``":memory:"``, or a ``kv.Store``.
+        serde: the serializer (default: LangGraph's ``JsonPlusSerializer``).
+        readonly: open read-only; every write raises ``kv.ReadOnlyError``.
+        backend: ``"lmdb"`` (default) or ``"file"`` when a path is given.
+        durability: LMDB only: ``"full"`` (default), ``"meta"`` or ``"none"``;
+            see ``kv.lmdb_store`` for what each gives up.
+        max_size: LMDB only: cap on the store's size in bytes; a write past it
+            raises ``kv.StoreFullError``.
+        **store_options: passed to ``LMDBStore`` (e.g. ``map_size``).
+    """
+
+    store: Store
+
+    def __init__(
+        self,
+        path_or_store: str | os.PathLike[str] | Store = ":memory:",
+        *,
+        serde: SerializerProtocol | None = None,
+        readonly: bool = False,
+        backend: Literal["lmdb", "file"] = "lmdb",
+        durability: Literal["full", "meta", "none"] = "full",
+        max_size: int | None = None,
+        **store_options: Any,
+    ) -> None:
+        super().__init__(serde=serde)
+        self._owns_store = not isinstance(path_or_store, Store)
+        if isinstance(path_or_store, Store):
+            self.store = path_or_store
+        elif path_or_store == ":memory:":
+            self.store = MemoryStore(readonly=readonly)
+        elif backend == "file":
+            self.store = FileStore(path_or_store, readonly=readonly)
+        elif backend == "lmdb":
+            self.store = LMDBStore(
+                path_or_store,
+                readonly=readonly,
+                durability=durability,
+                max_size=max_size,
+                **store_options,
+            )
+        else:
+            raise ValueError(f"unknown backend {backend!r}; choose 'lmdb' or 'file'")
+        try:
+            self._check_schema()
+        except BaseException:
+            if self._owns_store:
+                self.store.close()
+            raise
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def _check_schema(self) -> None:
+        with self.store.read() as txn:
+            raw = txn.get(S.SCHEMA_KEY)
+            empty = raw is None and next(iter(txn.scan(None, None)), None) is None
+        if raw is None:
+            if not empty:
+                raise CorruptStoreError(
+                    f"{self.store!r} holds data but no kvsaver schema record: "
+                    "it is not a KVSaver store"
+                )
+            if not self.store.readonly:
+                with self.store.write() as txn:
+                    if txn.get(S.SCHEMA_KEY) is None:
+                        txn.put(S.SCHEMA_KEY, S.encode_schema())
+            return
+        version = S.decode_schema(raw)
+        if version > S.FORMAT_VERSION:
+            raise FormatVersionError(
+                f"this store was written by kvsaver format {version}; this version of "
+                f"kvsaver reads format {S.FORMAT_VERSION} and older. Upgrade kvsaver."
+            )
+
+    def close(self) -> None:
+        """Close the underlying store if this saver opened it."""
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> KVSaver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> KVSaver:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the one record -> CheckpointTuple conversion ----------------------------
+
+    def _load_writes(
+        self, txn: Any, thread: str, ns: str, checkpoint_id: str
+    ) -> list[S.WriteRecord]:
+        recs = [S.decode_write(v) for _, v in txn.scan(*S.writes_range(thread, ns, checkpoint_id))]
+        # Key order is writes_sort_key order except for over-long ids, which
+        # the schema shortens; sorting an already sorted list is linear.
+        recs.sort(key=lambda w: writes_sort_key(w.task_path, w.task_id, w.idx))
+        return recs
+
+    def _load_tuple(
+        self,
+        txn: Any,
+        rec: S.CheckpointRecord,
+        config: RunnableConfig | None = None,
+        metadata: CheckpointMetadata | None = None,
+    ) -> CheckpointTuple:
+        """A stored checkpoint record -> CheckpointTuple (blobs and writes
+        read in the same transaction). Used by get_tuple and list alike."""
+        loads = self.serde.loads_typed
+        thread, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
+        checkpoint: Checkpoint = loads(rec.checkpoint)
+        values: dict[str, Any] = {}
+        for channel, version in checkpoint["channel_versions"].items():
+            raw = txn.get(S.blob_key(thread, ns, channel, version))
+            if raw is not None and (typed := S.decode_blob(raw)) is not None:
+                values[channel] = loads(typed)
+        checkpoint["channel_values"] = values
+        writes: list[PendingWrite] = [
+            (w.task_id, w.channel, loads(w.value)) for w in self._load_writes(txn, thread, ns, cid)
+        ]
+        return CheckpointTuple(
+            config=config if config is not None else _config(thread, ns, cid),
+            checkpoint=checkpoint,
+            metadata=metadata if metadata is not None else loads(rec.metadata),
+            parent_config=_config(thread, ns, rec.parent_id) if rec.parent_id else None,
+            pending_writes=writes,
+        )
+
+    # -- reads --------------------------------------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint named by ``checkpoint_id``, or the thread's latest
+        in ``checkpoint_ns`` (found by one reverse scan), or None."""
+        thread, ns, conf = _thread_ns(config, "get_tuple")
+        checkpoint_id = conf.get("checkpoint_id")
+        with self.store.read() as txn:
+            if checkpoint_id:
+                raw = txn.get(S.checkpoint_key(thread, ns, str(checkpoint_id)))
+            else:
+                first = next(iter(txn.scan(*S.checkpoints_range(thread, ns), reverse=True)), None)
+                raw = first[1] if first else None
+            if raw is None:
+                return None
+            return self._load_tuple(
+                txn, S.decode_checkpoint(raw), config if checkpoint_id else None
+            )
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """Checkpoints newest first (by checkpoint id, as SqliteSaver orders them).
+
+        ``config=None`` lists every thread; a config without ``checkpoint_ns``
+        lists every namespace of the thread. ``filter`` compares metadata keys
+        for equality (decoding only the metadata of each candidate),
+        ``before`` keeps ids lower than its ``checkpoint_id``, ``limit`` stops
+        the scan. Reads happen in short transactions of a few dozen
+        checkpoints, so a long iteration never pins old pages of the store.
+        """
+        for chunk in self._list_chunks(config, filter=filter, before=before, limit=limit):
+            yield from chunk
+
+    def _list_chunks(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[list[CheckpointTuple]]:
+        if limit is not None and limit <= 0:
+            return
+        if filter is not None and not isinstance(filter, Mapping):
+            raise TypeError(f"list: filter must be a dict of metadata values, got {filter!r}")
+        before_id = None
+        if before is not None:
+            before_id = _configurable(before, "list(before=...)").get("checkpoint_id")
+        remaining = limit
+        if config is None:
+            sources = self._by_id_sources(before_id)
+        else:
+            sources = self._thread_sources(config, before_id)
+        # Each source is a function: (txn, resume_after) -> iterator of
+        # (position, raw_record) in output order; position resumes a scan.
+        resume: Any = None
+        while True:
+            chunk: list[CheckpointTuple] = []
+            last_pos: Any = None
+            exhausted = True
+            with self.store.read() as txn:
+                for pos, raw in sources(txn, resume):
+                    if len(chunk) >= _LIST_CHUNK and not _same_id(pos, last_pos):
+                        exhausted = False
+                        break
+                    last_pos = pos
+                    rec = S.decode_checkpoint(raw)
+                    metadata = None
+                    if filter:
+                        metadata = self.serde.loads_typed(rec.metadata)
+                        if not _matches(metadata, filter):
+                            continue
+                    chunk.append(self._load_tuple(txn, rec, metadata=metadata))
+                    if remaining is not None:
+                        remaining -= 1
+                        if remaining == 0:
+                            break
+            if chunk:
+                yield chunk
+            if exhausted or remaining == 0:
+                return
+            resume = last_pos
+
+    def _by_id_sources(self, before_id: Any) -> Callable[[Any, Any], Iterator[tuple[Any, bytes]]]:
+        start, stop = S.by_id_range()
+        if before_id:
+            stop = S.by_id_stop(str(before_id))
+
+        def source(txn: Any, resume: Any) -> Iterator[tuple[Any, bytes]]:
+            for key, _ in txn.scan(start, resume[1] if resume else stop, reverse=True):
+                _, kcid, kt, kns = unpack(key)
+                raw = txn.get(S.checkpoint_key_from_elements(kt, kns, kcid))
+                if raw is not None:
+                    yield (kcid, key), raw
+
+        return source
+
+    def _thread_sources(
+        self, config: RunnableConfig, before_id: Any
+    ) -> Callable[[Any, Any], Iterator[tuple[Any, bytes]]]:
+        thread, _, conf = _thread_ns(config, "list")
+        ns = conf.get("checkpoint_ns")
+        checkpoint_id = conf.get("checkpoint_id")
+        if checkpoint_id:
+            # One checkpoint at most, as SqliteSaver's "checkpoint_id = ?".
+            def exact(txn: Any, resume: Any) -> Iterator[tuple[Any, bytes]]:
+                if resume is not None:
+                    return
+                for one_ns in [str(ns)] if ns is not None else self._namespaces(txn, thread):
+                    if before_id and not str(checkpoint_id) < str(before_id):
+                        continue
+                    raw = txn.get(S.checkpoint_key(thread, one_ns, str(checkpoint_id)))
+                    if raw is not None:
+                        yield (S.k(str(checkpoint_id)), one_ns), raw
+
+            return exact
+
+        def source(txn: Any, resume: Any) -> Iterator[tuple[Any, bytes]]:
+            namespaces = [str(ns)] if ns is not None else self._namespaces(txn, thread)
+            scans = []
+            for one_ns in namespaces:
+                start, stop = S.checkpoints_range(thread, one_ns)
+                if before_id:
+                    stop = min(stop, S.checkpoint_key(thread, one_ns, str(before_id)))
+                if resume is not None:
+                    stop = min(stop, S.checkpoint_key_from_elements(*_ns_resume(start, resume)))
+                scans.append(_tagged(txn.scan(start, stop, reverse=True)))
+            if len(scans) == 1:
+                yield from scans[0]
+            else:
+                yield from _merge_desc(scans)
+
+        return source
+
+    def _namespaces(self, txn: Any, thread: str) -> list[str]:
+        """Distinct namespaces of a thread, by skipping from one to the next."""
+        out = []
+        start, stop = S.checkpoints_range(thread)
+        while True:
+            first = next(iter(txn.scan(start, stop)), None)
+            if first is None:
+                return out
+            rec = S.decode_checkpoint(first[1])
+            out.append(rec.checkpoint_ns)
+            start = S.checkpoints_range(thread, rec.checkpoint_ns)[1]
+
+    # -- writes -------------------------------------------------------------
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Store a checkpoint: one blob per channel in ``new_versions`` (unchanged
+        channels are not serialized again) and the checkpoint record, in one
+        write transaction. Everything is serialized before the transaction
+        starts, so a value the serializer rejects leaves the store untouched."""
+        thread, ns, conf = _thread_ns(config, "put")
+        dumps = self.serde.dumps_typed
+        cp = dict(checkpoint)
+        values: dict[str, Any] = cp.pop("channel_values", None) or {}
+        checkpoint_id = str(cp["id"])
+        blobs = [
+            (
+                S.blob_key(thread, ns, ch, ver),
+                S.encode_blob(dumps(values[ch]) if ch in values else None),
+            )
+            for ch, ver in new_versions.items()
+        ]
+        meta = get_checkpoint_metadata(config, metadata)
+        run_id = meta.get("run_id")
+        run_id = None if run_id is None else str(run_id)
+        parent_id = conf.get("checkpoint_id")
+        record = S.encode_checkpoint(
+            S.CheckpointRecord(
+                thread_id=thread,
+                checkpoint_ns=ns,
+                checkpoint_id=checkpoint_id,
+                parent_id=None if parent_id is None else str(parent_id),
+                checkpoint=dumps(cp),
+                metadata=dumps(meta),
+                run_id=run_id,
+            )
+        )
+        ckey = S.checkpoint_key(thread, ns, checkpoint_id)
+        with self.store.write() as txn:
+            old = txn.get(ckey)
+            if old is not None:
+                old_run = S.decode_checkpoint(old).run_id
+                if old_run is not None and old_run != run_id:
+                    txn.delete(S.run_key(old_run, thread, ns, checkpoint_id))
+            for key, value in blobs:
+                txn.put(key, value)
+            txn.put(ckey, record)
+            txn.put(S.by_id_key(checkpoint_id, thread, ns), b"")
+            if run_id is not None:
+                txn.put(S.run_key(run_id, thread, ns, checkpoint_id), b"")
+        return _config(thread, ns, checkpoint_id)
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Store a task's pending writes for a checkpoint.
+
+        As SqliteSaver: a batch made only of special channels (``ERROR``,
+        ``INTERRUPT``, ... with negative indexes) replaces what is stored
+        under the same (task_id, idx); any other batch ignores writes whose
+        (task_id, idx) is already stored, so a retried task is not duplicated.
+        """
+        thread, ns, conf = _thread_ns(config, "put_writes")
+        checkpoint_id = conf.get("checkpoint_id")
+        if not checkpoint_id:
+            raise ValueError(
+                "put_writes: config['configurable']['checkpoint_id'] is missing; writes "
+                "belong to a stored checkpoint"
+            )
+        checkpoint_id = str(checkpoint_id)
+        task_id, task_path = str(task_id), str(task_path)
+        dumps = self.serde.dumps_typed
+        entries = []
+        for idx, (channel, value) in enumerate(writes):
+            widx = WRITES_IDX_MAP.get(channel, idx)
+            entries.append(
+                (
+                    S.write_key(thread, ns, checkpoint_id, task_path, task_id, widx),
+                    S.encode_write(S.WriteRecord(task_id, channel, dumps(value), task_path, widx)),
+                )
+            )
+        replace = all(channel in WRITES_IDX_MAP for channel, _ in writes)
+        with self.store.write() as txn:
+            for key, value in entries:
+                if replace or txn.get(key) is None:
+                    txn.put(key, value)
+
+    # -- maintenance ------------------------------------------------------------
+
+    def _delete_checkpoint(self, txn: Any, rec: S.CheckpointRecord) -> None:
+        """Remove a checkpoint, its writes and its index entries (not blobs)."""
+        t, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
+        txn.delete(S.checkpoint_key(t, ns, cid))
+        txn.delete(S.by_id_key(cid, t, ns))
+        if rec.run_id is not None:
+            txn.delete(S.run_key(rec.run_id, t, ns, cid))
+        txn.delete_range(*S.writes_range(t, ns, cid))
+
+    def _delete_thread_in(self, txn: Any, thread: str) -> None:
+        for _, raw in list(txn.scan(*S.checkpoints_range(thread))):
+            rec = S.decode_checkpoint(raw)
+            txn.delete(S.by_id_key(rec.checkpoint_id, thread, rec.checkpoint_ns))
+            if rec.run_id is not None:
+                txn.delete(S.run_key(rec.run_id, thread, rec.checkpoint_ns, rec.checkpoint_id))
+        txn.delete_range(*S.checkpoints_range(thread))
+        txn.delete_range(*S.blobs_range(thread))
+        txn.delete_range(*S.writes_range(thread))
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete every checkpoint, blob and write of a thread, in one transaction."""
+        with self.store.write() as txn:
+            self._delete_thread_in(txn, str(thread_id))
+
+    def _gc_blobs(self, txn: Any, thread: str, ns: str) -> None:
+        """Delete the blobs of (thread, ns) that no remaining checkpoint uses."""
+        referenced = set()
+        for _, raw in txn.scan(*S.checkpoints_range(thread, ns)):
+            rec = S.decode_checkpoint(raw)
+            for ch, ver in self.serde.loads_typed(rec.checkpoint)["channel_versions"].items():
+                referenced.add(S.blob_key(thread, ns, ch, ver))
+        stale = [key for key, _ in txn.scan(*S.blobs_range(thread, ns)) if key not in referenced]
+        for key in stale:
+            txn.delete(key)
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints (and their writes) created by the given runs,
+        then the blobs no remaining checkpoint of those threads uses."""
+        ids = _id_list(run_ids, "delete_for_runs(run_ids)")
+        with self.store.write() as txn:
+            touched: set[tuple[str, str]] = set()
+            for run_id in ids:
+                for key, _ in list(txn.scan(*S.runs_range(run_id))):
+                    _, _, kt, kns, kcid = unpack(key)
+                    raw = txn.get(S.checkpoint_key_from_elements(kt, kns, kcid))
+                    txn.delete(key)
+                    if raw is None:
+                        continue
+                    rec = S.decode_checkpoint(raw)
+                    self._delete_checkpoint(txn, rec)
+                    touched.add((rec.thread_id, rec.checkpoint_ns))
+            for thread, ns in sorted(touched):
+                self._gc_blobs(txn, thread, ns)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint, blob and write (the complete parent chain) of
+        one thread to another, in one transaction. Records already on the
+        target with the same ids are overwritten; others are kept."""
+        src, dst = str(source_thread_id), str(target_thread_id)
+        if src == dst:
+            return
+        with self.store.write() as txn:
+            for kind in (S.BLOB, S.WRITE):
+                sp, dp = S.thread_prefix(kind, src), S.thread_prefix(kind, dst)
+                lo, hi = (S.blobs_range if kind == S.BLOB else S.writes_range)(src)
+                for key, value in list(txn.scan(lo, hi)):
+                    txn.put(S.rethread(key, len(sp), dp), value)
+            for _, raw in list(txn.scan(*S.checkpoints_range(src))):
+                rec = S.decode_checkpoint(raw)._replace(thread_id=dst)
+                ns, cid = rec.checkpoint_ns, rec.checkpoint_id
+                txn.put(S.checkpoint_key(dst, ns, cid), S.encode_checkpoint(rec))
+                txn.put(S.by_id_key(cid, dst, ns), b"")
+                if rec.run_id is not None:
+                    txn.put(S.run_key(rec.run_id, dst, ns, cid), b"")
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Prune threads: ``"keep_latest"`` keeps the latest checkpoint of each
+        namespace with its writes and blobs; ``"delete"`` removes the threads.
+
+        DeltaChannel-safe: when the latest checkpoint's metadata names delta
+        channels (``counters_since_delta_snapshot``), its ancestors are kept,
+        with their writes, back to the nearest one holding a stored value
+        for every such channel, so ``get_delta_channel_history`` rebuilds the
+        same state after the prune. One write transaction per thread.
+        """
+        if strategy not in ("keep_latest", "delete"):
+            raise ValueError(f"prune: unknown strategy {strategy!r}; use 'keep_latest' or 'delete'")
+        for thread in _id_list(thread_ids, "prune(thread_ids)"):
+            with self.store.write() as txn:
+                if strategy == "delete":
+                    self._delete_thread_in(txn, thread)
+                    continue
+                for ns in self._namespaces(txn, thread):
+                    self._keep_latest(txn, thread, ns)
+
+    def _keep_latest(self, txn: Any, thread: str, ns: str) -> None:
+        records = {
+            rec.checkpoint_id: rec
+            for rec in (
+                S.decode_checkpoint(raw) for _, raw in txn.scan(*S.checkpoints_range(thread, ns))
+            )
+        }
+        if not records:
+            return
+        latest = max(records.values(), key=lambda r: S.checkpoint_key(thread, ns, r.checkpoint_id))
+        keep = {latest.checkpoint_id}
+        meta = self.serde.loads_typed(latest.metadata)
+        delta = set((meta or {}).get("counters_since_delta_snapshot") or ())
+        cursor = latest.parent_id
+        while delta and cursor is not None and cursor in records:
+            rec = records[cursor]
+            keep.add(cursor)
+            versions = self.serde.loads_typed(rec.checkpoint)["channel_versions"]
+            for ch in list(delta):
+                if ch in versions:
+                    raw = txn.get(S.blob_key(thread, ns, ch, versions[ch]))
+                    if raw is not None and S.decode_blob(raw) is not None:
+                        delta.discard(ch)
+            cursor = rec.parent_id
+        for cid, rec in records.items():
+            if cid not in keep:
+                self._delete_checkpoint(txn, rec)
+        self._gc_blobs(txn, thread, ns)
+
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """Walk the parent chain of the target checkpoint in one read
+        transaction, collecting each channel's writes (oldest first) back to
+        the nearest ancestor with a stored value, returned as ``seed``."""
+        if not channels:
+            return {}
+        thread, ns, conf = _thread_ns(config, "get_delta_channel_history")
+        loads = self.serde.loads_typed
+        collected: dict[str, list[PendingWrite]] = {c: [] for c in channels}
+        seeds: dict[str, Any] = {}
+        remaining = set(channels)
+        with self.store.read() as txn:
+            checkpoint_id = conf.get("checkpoint_id")
+            if checkpoint_id:
+                raw = txn.get(S.checkpoint_key(thread, ns, str(checkpoint_id)))
+            else:
+                first = next(iter(txn.scan(*S.checkpoints_range(thread, ns), reverse=True)), None)
+                raw = first[1] if first else None
+            cursor = S.decode_checkpoint(raw).parent_id if raw is not None else None
+            while cursor is not None and remaining:
+                raw = txn.get(S.checkpoint_key(thread, ns, cursor))
+                if raw is None:
+                    break
+                rec = S.decode_checkpoint(raw)
+                versions = loads(rec.checkpoint)["channel_versions"]
+                found: dict[str, Any] = {}
+                for ch in remaining:
+                    if ch in versions:
+                        blob = txn.get(S.blob_key(thread, ns, ch, versions[ch]))
+                        if blob is not None and (typed := S.decode_blob(blob)) is not None:
+                            found[ch] = loads(typed)
+                for w in reversed(self._load_writes(txn, thread, ns, cursor)):
+                    if w.channel in remaining:
+                        collected[w.channel].append((w.task_id, w.channel, loads(w.value)))
+                for ch, value in found.items():
+                    seeds[ch] = value
+                    remaining.discard(ch)
+                cursor = rec.parent_id
+        result: dict[str, DeltaChannelHistory] = {}
+        for ch in channels:
+            entry: DeltaChannelHistory = {"writes": list(reversed(collected[ch]))}
+            if ch in seeds:
+                entry["seed"] = seeds[ch]
+            result[ch] = entry
+        return result
+
+    def get_next_version(self, current: str | int | None, channel: None) -> str:
+        """Zero-padded string versions (as InMemorySaver's), which sort as text."""
+        if current is None:
+            current_v = 0
+        elif isinstance(current, int):
+            current_v = current
+        else:
+            current_v = int(str(current).split(".")[0])
+        return f"{current_v + 1:032}.{random.random():016}"
+
+    # -- async: the sync code in a worker thread ---------------------------------
+
+    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, functools.partial(fn, *args, **kwargs))
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await self._run(self.get_tuple, config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        chunks = self._list_chunks(config, filter=filter, before=before, limit=limit)
+        while True:
+            chunk = await self._run(next, chunks, None)
+            if chunk is None:
+                return
+            for item in chunk:
+                yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return await self._run(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        await self._run(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await self._run(self.delete_thread, thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await self._run(self.delete_for_runs, run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await self._run(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await self._run(self.prune, thread_ids, strategy=strategy)
+
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        return await self._run(self.get_delta_channel_history, config=config, channels=channels)
+
+
+# -- list helpers ---------------------------------------------------------------
+
+
+def _matches(metadata: Mapping[str, Any], filter: Mapping[str, Any]) -> bool:
+    return all(metadata.get(key) == value for key, value in filter.items())
+
+
+def _tagged(scan: Iterable[tuple[bytes, bytes]]) -> Iterator[tuple[Any, bytes]]:
+    """Checkpoint keys -> ((checkpoint id element, ns element), record)."""
+    for key, raw in scan:
+        _, _, kns, kcid = unpack(key)
+        yield (kcid, kns), raw
+
+
+def _sort_elem(e: Any) -> tuple[int, Any]:
+    # Surrogates (bytes) sort before strings, as in the key encoding.
+    return (0, e) if isinstance(e, bytes) else (1, e.encode("utf-8", "surrogatepass"))
+
+
+def _merge_desc(scans: list[Iterator[tuple[Any, bytes]]]) -> Iterator[tuple[Any, bytes]]:
+    import heapq
+
+    return heapq.merge(
+        *scans, key=lambda item: (_sort_elem(item[0][0]), _sort_elem(item[0][1])), reverse=True
+    )
+
+
+def _same_id(pos: Any, last: Any) -> bool:
+    return last is not None and pos[0] == last[0]
+
+
+def _ns_resume(start: bytes, resume: Any) -> tuple[Any, Any, Any]:
+    """Elements of the checkpoint key where a namespace scan resumes: ids below
+    the last one returned (chunks never split one id across namespaces)."""
+    _, kt, kns = unpack(start[:-1])
+    return kt, kns, resume[0]

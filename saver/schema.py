@@ -1,0 +1,217 @@
+"""The on-disk schema of KVSaver: every key and record format lives here.
+
+All keys are ``kv.keys.pack``-ed tuples; the first element names the keyspace.
+
+==========  ===============================================  ==========================
+keyspace    key                                              value
+==========  ===============================================  ==========================
+checkpoint  ("c", thread, ns, checkpoint_id)                 CheckpointRecord
+blob        ("b", thread, ns, channel, version)              [type, bytes] (type
+                                                             "empty": no value)
+write       ("w", thread, ns, checkpoint_id, task_path,      WriteRecord
+            task_id, idx)
+run index   ("r", run_id, thread, ns, checkpoint_id)         b""
+id index    ("g", checkpoint_id, thread, ns)                 b""
+schema      ("meta", "schema")                               {"format": FORMAT_VERSION}
+==========  ===============================================  ==========================
+
+The id index is not in DESIGN.md's first table: it lets ``list(None)`` return
+checkpoints of all threads newest-first by checkpoint id, as SqliteSaver does,
+with one reverse scan instead of a merge over every thread.
+
+**Short keys.** LMDB keys are limited to 511 bytes. A string element (thread,
+namespace, checkpoint id, channel, task path, task id, run id) whose encoding
+exceeds ``_MAX_INLINE`` bytes is replaced in keys by a ``bytes`` element: its
+first 24 UTF-8 bytes and a 16-byte SHA-256 digest of the whole. bytes and str
+elements have distinct type codes, so a surrogate never collides with a real
+id, and the records keep the full strings. What is lost is only the position
+of such over-long ids among short ones; ids that LangGraph generates (uuid6
+checkpoint ids, version strings) are far below the limit and keep their exact
+order, which is what "latest = last key" relies on.
+
+Records are ormsgpack arrays; serde-typed payloads are stored as
+``(type, bytes)`` pairs exactly as ``serde.dumps_typed`` returns them, so
+``EncryptedSerializer`` and the msgpack allowlist keep working.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, NamedTuple
+
+import ormsgpack
+
+from kv.keys import pack, prefix_range
+
+FORMAT_VERSION = 1
+SCHEMA_KEY = pack(("meta", "schema"))
+_MAX_INLINE = 94  # escaped UTF-8 bytes; 5 inline strings + codes stay < 511
+
+CHECKPOINT = "c"
+BLOB = "b"
+WRITE = "w"
+RUN = "r"
+BY_ID = "g"
+EMPTY_TYPE = "empty"
+
+Typed = tuple[str, bytes]
+
+
+def k(s: str) -> str | bytes:
+    """The key element for a string: itself, or a surrogate when too long."""
+    if len(s) <= 23:
+        return s  # <= 23 chars: at most 92 bytes UTF-8, escaping included
+    raw = s.encode("utf-8", "surrogatepass")
+    if len(raw) + raw.count(0) <= _MAX_INLINE:
+        return s
+    return raw[:24] + hashlib.sha256(raw).digest()[:16]
+
+
+def _ver(v: str | int | float) -> str | bytes | int | float:
+    return k(v) if isinstance(v, str) else v
+
+
+# -- keys -------------------------------------------------------------------
+
+
+def checkpoint_key(thread: str, ns: str, checkpoint_id: str) -> bytes:
+    return pack((CHECKPOINT, k(thread), k(ns), k(checkpoint_id)))
+
+
+def checkpoint_key_from_elements(kt: Any, kns: Any, kcid: Any) -> bytes:
+    return pack((CHECKPOINT, kt, kns, kcid))
+
+
+def checkpoints_range(thread: str, ns: str | None = None) -> tuple[bytes, bytes]:
+    if ns is None:
+        return prefix_range((CHECKPOINT, k(thread)))
+    return prefix_range((CHECKPOINT, k(thread), k(ns)))
+
+
+def blob_key(thread: str, ns: str, channel: str, version: str | int | float) -> bytes:
+    return pack((BLOB, k(thread), k(ns), k(channel), _ver(version)))
+
+
+def blobs_range(thread: str, ns: str | None = None) -> tuple[bytes, bytes]:
+    if ns is None:
+        return prefix_range((BLOB, k(thread)))
+    return prefix_range((BLOB, k(thread), k(ns)))
+
+
+def write_key(
+    thread: str, ns: str, checkpoint_id: str, task_path: str, task_id: str, idx: int
+) -> bytes:
+    return pack((WRITE, k(thread), k(ns), k(checkpoint_id), k(task_path), k(task_id), idx))
+
+
+def writes_range(
+    thread: str, ns: str | None = None, checkpoint_id: str | None = None
+) -> tuple[bytes, bytes]:
+    if ns is None:
+        return prefix_range((WRITE, k(thread)))
+    if checkpoint_id is None:
+        return prefix_range((WRITE, k(thread), k(ns)))
+    return prefix_range((WRITE, k(thread), k(ns), k(checkpoint_id)))
+
+
+def run_key(run_id: str, thread: str, ns: str, checkpoint_id: str) -> bytes:
+    return pack((RUN, k(run_id), k(thread), k(ns), k(checkpoint_id)))
+
+
+def runs_range(run_id: str) -> tuple[bytes, bytes]:
+    return prefix_range((RUN, k(run_id)))
+
+
+def by_id_key(checkpoint_id: str, thread: str, ns: str) -> bytes:
+    return pack((BY_ID, k(checkpoint_id), k(thread), k(ns)))
+
+
+def by_id_range() -> tuple[bytes, bytes]:
+    return prefix_range((BY_ID,))
+
+
+def by_id_stop(before_checkpoint_id: str) -> bytes:
+    """Exclusive upper bound of the id index for ids < before_checkpoint_id."""
+    return pack((BY_ID, k(before_checkpoint_id)))
+
+
+def rethread(key: bytes, src_prefix_len: int, dst_prefix: bytes) -> bytes:
+    """Move a key from one thread's prefix to another's; elements are
+    self-delimiting, so everything after the thread element is kept verbatim."""
+    return dst_prefix + key[src_prefix_len:]
+
+
+def thread_prefix(kind: str, thread: str) -> bytes:
+    return pack((kind, k(thread)))
+
+
+# -- records ----------------------------------------------------------------
+
+
+class CheckpointRecord(NamedTuple):
+    thread_id: str
+    checkpoint_ns: str
+    checkpoint_id: str
+    parent_id: str | None
+    checkpoint: Typed  # the checkpoint without channel_values
+    metadata: Typed
+    run_id: str | None
+
+
+def encode_checkpoint(rec: CheckpointRecord) -> bytes:
+    return ormsgpack.packb(
+        [
+            rec.thread_id,
+            rec.checkpoint_ns,
+            rec.checkpoint_id,
+            rec.parent_id,
+            rec.checkpoint[0],
+            rec.checkpoint[1],
+            rec.metadata[0],
+            rec.metadata[1],
+            rec.run_id,
+        ]
+    )
+
+
+def decode_checkpoint(raw: bytes) -> CheckpointRecord:
+    t, ns, cid, parent, ctype, cbytes, mtype, mbytes, run_id = ormsgpack.unpackb(raw)
+    return CheckpointRecord(t, ns, cid, parent, (ctype, cbytes), (mtype, mbytes), run_id)
+
+
+def encode_blob(typed: Typed | None) -> bytes:
+    return ormsgpack.packb([EMPTY_TYPE, b""] if typed is None else [typed[0], typed[1]])
+
+
+def decode_blob(raw: bytes) -> Typed | None:
+    """The serde-typed value, or None for the "empty" marker."""
+    type_, data = ormsgpack.unpackb(raw)
+    return None if type_ == EMPTY_TYPE else (type_, data)
+
+
+class WriteRecord(NamedTuple):
+    task_id: str
+    channel: str
+    value: Typed
+    task_path: str
+    idx: int
+
+
+def encode_write(rec: WriteRecord) -> bytes:
+    return ormsgpack.packb(
+        [rec.task_id, rec.channel, rec.value[0], rec.value[1], rec.task_path, rec.idx]
+    )
+
+
+def decode_write(raw: bytes) -> WriteRecord:
+    task_id, channel, vtype, vbytes, task_path, idx = ormsgpack.unpackb(raw)
+    return WriteRecord(task_id, channel, (vtype, vbytes), task_path, idx)
+
+
+def encode_schema() -> bytes:
+    return ormsgpack.packb({"format": FORMAT_VERSION})
+
+
+def decode_schema(raw: bytes) -> int:
+    value = ormsgpack.unpackb(raw)
+    return int(value["format"])

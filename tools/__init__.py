@@ -1,0 +1,1 @@
+"""Command-line programs built on saver/ and kv/ (not shipped in the wheel)."""
