@@ -43,9 +43,9 @@ from __future__ import annotations
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import lmdb
 
@@ -59,6 +59,8 @@ from .store import (
 )
 
 __all__ = ["LMDBStore"]
+
+T = TypeVar("T")
 
 Durability = Literal["full", "meta", "none"]
 _DURABILITY: dict[str, dict[str, bool]] = {
@@ -148,6 +150,9 @@ class _Env:
     def _open(self) -> None:
         self.pid = os.getpid()
         self.write_lock = threading.Lock()
+        self.queue_lock = threading.Lock()
+        self.queue: list[_Request] = []
+        self.leading = False  # a thread is committing batches of transact()
         self.gate = _SharedExclusive()
         try:
             self.env = lmdb.open(
@@ -245,6 +250,43 @@ class _Env:
         return self.env.begin(write=write, buffers=False)
 
 
+class _Request:
+    """One caller's function waiting for a group commit."""
+
+    __slots__ = ("done", "error", "fn", "result", "wake")
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = False
+        self.wake = threading.Event()
+
+    def finish(self, error: BaseException) -> None:
+        self.error = error
+        self.done = True
+
+
+def _run_one(store: LMDBStore, env: _Env, txn: lmdb.Transaction, r: _Request, nested: bool) -> None:
+    """Run one request's function; in a batch, inside a nested transaction so
+    that its failure undoes only its own changes. MapFullError propagates (the
+    whole batch is rerun after the map grows)."""
+    sub = env.env.begin(write=True, parent=txn) if nested else txn
+    try:
+        r.result = r.fn(_LMDBTxn(store, env, sub, write=True, replay=False))
+    except lmdb.MapFullError:
+        if nested:
+            sub.abort()
+        raise
+    except BaseException as e:
+        r.error = e
+        if nested:
+            sub.abort()
+        return
+    if nested:
+        sub.commit()
+
+
 _REGISTRY: dict[str, _Env] = {}
 _REGISTRY_LOCK = threading.Lock()
 
@@ -276,6 +318,9 @@ def _after_fork_child() -> None:
     for env in _REGISTRY.values():
         # Locks may have been held by parent threads that do not exist here.
         env.write_lock = threading.Lock()
+        env.queue_lock = threading.Lock()
+        env.queue = []
+        env.leading = False
         env.gate = _SharedExclusive()
 
 
@@ -285,13 +330,23 @@ os.register_at_fork(
 
 
 class _LMDBTxn:
-    def __init__(self, store: LMDBStore, env: _Env, txn: lmdb.Transaction, write: bool) -> None:
+    def __init__(
+        self,
+        store: LMDBStore,
+        env: _Env,
+        txn: lmdb.Transaction,
+        write: bool,
+        replay: bool = True,
+    ) -> None:
         self._store = store
         self._env = env
         self._txn = txn
         self._write = write
-        # Mutations, replayed into a fresh transaction after a map growth.
-        self._log: list[tuple[str, bytes | None, bytes | None]] | None = [] if write else None
+        # Mutations, replayed into a fresh transaction after a map growth
+        # (not kept under transact(), which reruns the caller's function).
+        self._log: list[tuple[str, bytes | None, bytes | None]] | None = (
+            [] if write and replay else None
+        )
 
     def _check_key(self, key: bytes) -> None:
         if len(key) > self._env.max_key:
@@ -311,7 +366,8 @@ class _LMDBTxn:
         return self._txn.get(key)
 
     def _mutate(self, op: str, a: bytes | None, b: bytes | None) -> Any:
-        assert self._log is not None
+        if self._log is None:
+            return self._apply(self._txn, op, a, b, self._env.max_key)
         while True:
             try:
                 result = self._apply(self._txn, op, a, b, self._env.max_key)
@@ -513,6 +569,84 @@ class LMDBStore:
                 self._commit(wrapper)
             finally:
                 env.gate.release_shared()
+
+    def transact(self, fn: Callable[[Any], T]) -> T:
+        """Run ``fn(txn)`` in a write transaction and return its result.
+
+        Group commit: functions submitted while another commit is in progress
+        are committed together, in one transaction and one sync. Each runs in
+        its own nested transaction, so an exception in one caller's function
+        rolls back only that function's changes and reaches only that caller.
+        Every caller returns only after the commit holding its changes is
+        durable (per ``durability``). ``fn`` may run more than once (after a
+        map growth), so it must act only through ``txn``; it must not call
+        ``transact`` or ``write`` itself.
+        """
+        env = self._check_open()
+        if self.readonly:
+            raise ReadOnlyError(f"the store at {self.path} was opened read-only")
+        req = _Request(fn)
+        with env.queue_lock:
+            env.queue.append(req)
+            lead = not env.leading
+            env.leading = True
+        if not lead:
+            req.wake.wait()  # done by a leader, or promoted to lead
+        if not req.done:
+            with env.queue_lock:
+                batch, env.queue = env.queue, []
+            with env.write_lock:
+                self._run_batch(env, batch)
+            for r in batch:
+                r.wake.set()
+            with env.queue_lock:
+                if env.queue:
+                    env.queue[0].wake.set()  # the oldest waiter leads the next batch
+                else:
+                    env.leading = False
+        if req.error is not None:
+            raise req.error
+        return req.result  # type: ignore[return-value]
+
+    def _run_batch(self, env: _Env, batch: list[_Request]) -> None:
+        try:
+            env.ensure_headroom()
+            env.gate.acquire_shared()
+        except BaseException as e:
+            for r in batch:
+                r.finish(error=e)
+            return
+        txn: lmdb.Transaction | None = None
+        try:
+            while True:
+                txn = env.begin(write=True)
+                try:
+                    for r in batch:
+                        r.result, r.error = None, None
+                        _run_one(self, env, txn, r, nested=len(batch) > 1)
+                    if len(batch) == 1 and batch[0].error is not None:
+                        txn.abort()
+                    else:
+                        txn.commit()
+                    break
+                except lmdb.MapFullError:
+                    txn.abort()
+                    env.gate.release_shared()
+                    try:
+                        env.grow(env.used_bytes())
+                    finally:
+                        env.gate.acquire_shared()
+        except BaseException as e:
+            # A failure of the shared commit itself (cap reached, disk error)
+            # is every caller's failure: none of their changes were written.
+            for r in batch:
+                r.error = e
+            if txn is not None:
+                txn.abort()
+        finally:
+            env.gate.release_shared()
+            for r in batch:
+                r.done = True
 
     def _commit(self, wrapper: _LMDBTxn) -> None:
         while True:

@@ -7,6 +7,8 @@ A store hands out transactions::
     with store.write() as txn:     # atomic: commits on success,
         txn.put(k, v)              # rolls back on any exception
         txn.delete(k); txn.delete_range(a, b)
+    store.transact(fn)             # fn(txn) atomically; concurrent callers
+                                   # may share one commit (group commit)
 
 Keys and values are ``bytes``. ``scan(start, stop)`` yields ``(key, value)``
 pairs with ``start <= key < stop`` in byte order (``reverse=True``: reverse
@@ -18,9 +20,9 @@ Errors form one family rooted at ``KVError``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 __all__ = [
     "CorruptStoreError",
@@ -34,6 +36,8 @@ __all__ = [
     "StoreFullError",
     "Txn",
 ]
+
+T = TypeVar("T")
 
 
 class KVError(Exception):
@@ -94,6 +98,13 @@ class Store(Protocol):
     def read(self) -> AbstractContextManager[Txn]: ...
 
     def write(self) -> AbstractContextManager[Txn]: ...
+
+    def transact(self, fn: Callable[[Txn], T]) -> T:
+        """Run ``fn(txn)`` atomically in a write transaction; return its result.
+        A backend may commit several callers' functions together (one sync);
+        an exception in ``fn`` undoes only ``fn``'s changes. ``fn`` may be
+        rerun, so it must act only through ``txn``."""
+        ...
 
     def close(self) -> None: ...
 

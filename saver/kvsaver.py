@@ -416,7 +416,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             )
         )
         ckey = S.checkpoint_key(thread, ns, checkpoint_id)
-        with self.store.write() as txn:
+
+        def write(txn: Any) -> None:
             old = txn.get(ckey)
             if old is not None:
                 old_run = S.decode_checkpoint(old).run_id
@@ -428,6 +429,9 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             txn.put(S.by_id_key(checkpoint_id, thread, ns), b"")
             if run_id is not None:
                 txn.put(S.run_key(run_id, thread, ns, checkpoint_id), b"")
+
+        # transact(): concurrent puts share one commit and one sync.
+        self.store.transact(write)
         return _config(thread, ns, checkpoint_id)
 
     def put_writes(
@@ -464,10 +468,13 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 )
             )
         replace = all(channel in WRITES_IDX_MAP for channel, _ in writes)
-        with self.store.write() as txn:
+
+        def write(txn: Any) -> None:
             for key, value in entries:
                 if replace or txn.get(key) is None:
                     txn.put(key, value)
+
+        self.store.transact(write)
 
     # -- maintenance ------------------------------------------------------------
 
