@@ -279,7 +279,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             before_id = _configurable(before, "list(before=...)").get("checkpoint_id")
         remaining = limit
         if config is None:
-            sources = self._by_id_sources(before_id)
+            sources = self._index_sources(filter, None if before_id is None else str(before_id))
         else:
             sources = self._thread_sources(config, before_id)
         # Each source is a function: (txn, resume_after) -> iterator of
@@ -312,14 +312,25 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 return
             resume = last_pos
 
-    def _by_id_sources(self, before_id: Any) -> Callable[[Any, Any], Iterator[tuple[Any, bytes]]]:
-        start, stop = S.by_id_range()
-        if before_id:
-            stop = S.by_id_stop(str(before_id))
+    def _index_sources(
+        self, filter: Mapping[str, Any] | None, before_id: str | None
+    ) -> Callable[[Any, Any], Iterator[tuple[Any, bytes]]]:
+        """All threads, newest first: the meta index of the first filter key
+        with a scalar value (only matching checkpoints are visited), else
+        the id index."""
+        for key, value in (filter or {}).items():
+            ok, norm = S.meta_value(value)
+            if ok:
+                start, stop = S.meta_range(key, norm, before_id)
+                break
+        else:
+            start, stop = S.by_id_range()
+            if before_id:
+                stop = S.by_id_stop(before_id)
 
         def source(txn: Any, resume: Any) -> Iterator[tuple[Any, bytes]]:
             for key, _ in txn.scan(start, resume[1] if resume else stop, reverse=True):
-                _, kcid, kt, kns = unpack(key)
+                kcid, kt, kns = unpack(key)[-3:]
                 raw = txn.get(S.checkpoint_key_from_elements(kt, kns, kcid))
                 if raw is not None:
                     yield (kcid, key), raw
@@ -404,31 +415,30 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         run_id = meta.get("run_id")
         run_id = None if run_id is None else str(run_id)
         parent_id = conf.get("checkpoint_id")
-        record = S.encode_checkpoint(
-            S.CheckpointRecord(
-                thread_id=thread,
-                checkpoint_ns=ns,
-                checkpoint_id=checkpoint_id,
-                parent_id=None if parent_id is None else str(parent_id),
-                checkpoint=dumps(cp),
-                metadata=dumps(meta),
-                run_id=run_id,
-            )
+        rec = S.CheckpointRecord(
+            thread_id=thread,
+            checkpoint_ns=ns,
+            checkpoint_id=checkpoint_id,
+            parent_id=None if parent_id is None else str(parent_id),
+            checkpoint=dumps(cp),
+            metadata=dumps(meta),
+            run_id=run_id,
+            meta=S.meta_entries(meta),
         )
+        record = S.encode_checkpoint(rec)
+        index = S.index_keys(rec)
         ckey = S.checkpoint_key(thread, ns, checkpoint_id)
 
         def write(txn: Any) -> None:
             old = txn.get(ckey)
-            if old is not None:
-                old_run = S.decode_checkpoint(old).run_id
-                if old_run is not None and old_run != run_id:
-                    txn.delete(S.run_key(old_run, thread, ns, checkpoint_id))
+            if old is not None:  # replaced: drop the old record's index entries
+                for key in S.index_keys(S.decode_checkpoint(old)):
+                    txn.delete(key)
             for key, value in blobs:
                 txn.put(key, value)
             txn.put(ckey, record)
-            txn.put(S.by_id_key(checkpoint_id, thread, ns), b"")
-            if run_id is not None:
-                txn.put(S.run_key(run_id, thread, ns, checkpoint_id), b"")
+            for key in index:
+                txn.put(key, b"")
 
         # transact(): concurrent puts share one commit and one sync.
         self.store.transact(write)
@@ -482,17 +492,14 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         """Remove a checkpoint, its writes and its index entries (not blobs)."""
         t, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
         txn.delete(S.checkpoint_key(t, ns, cid))
-        txn.delete(S.by_id_key(cid, t, ns))
-        if rec.run_id is not None:
-            txn.delete(S.run_key(rec.run_id, t, ns, cid))
+        for key in S.index_keys(rec):
+            txn.delete(key)
         txn.delete_range(*S.writes_range(t, ns, cid))
 
     def _delete_thread_in(self, txn: Any, thread: str) -> None:
         for _, raw in list(txn.scan(*S.checkpoints_range(thread))):
-            rec = S.decode_checkpoint(raw)
-            txn.delete(S.by_id_key(rec.checkpoint_id, thread, rec.checkpoint_ns))
-            if rec.run_id is not None:
-                txn.delete(S.run_key(rec.run_id, thread, rec.checkpoint_ns, rec.checkpoint_id))
+            for key in S.index_keys(S.decode_checkpoint(raw)):
+                txn.delete(key)
         txn.delete_range(*S.checkpoints_range(thread))
         txn.delete_range(*S.blobs_range(thread))
         txn.delete_range(*S.writes_range(thread))
@@ -549,9 +556,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 rec = S.decode_checkpoint(raw)._replace(thread_id=dst)
                 ns, cid = rec.checkpoint_ns, rec.checkpoint_id
                 txn.put(S.checkpoint_key(dst, ns, cid), S.encode_checkpoint(rec))
-                txn.put(S.by_id_key(cid, dst, ns), b"")
-                if rec.run_id is not None:
-                    txn.put(S.run_key(rec.run_id, dst, ns, cid), b"")
+                for key in S.index_keys(rec):
+                    txn.put(key, b"")
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune threads: ``"keep_latest"`` keeps the latest checkpoint of each

@@ -12,12 +12,19 @@ write       ("w", thread, ns, checkpoint_id, task_path,      WriteRecord
             task_id, idx)
 run index   ("r", run_id, thread, ns, checkpoint_id)         b""
 id index    ("g", checkpoint_id, thread, ns)                 b""
+meta index  ("m", key, value, checkpoint_id, thread, ns)     b""
 schema      ("meta", "schema")                               {"format": FORMAT_VERSION}
 ==========  ===============================================  ==========================
 
 The id index is not in DESIGN.md's first table: it lets ``list(None)`` return
 checkpoints of all threads newest-first by checkpoint id, as SqliteSaver does,
-with one reverse scan instead of a merge over every thread.
+with one reverse scan instead of a merge over every thread. The meta index
+holds one entry per top-level metadata key with a scalar value (str, int,
+float, bool; numbers normalized so that ``1 == 1.0 == True`` as in Python and
+SQLite), so ``list(None, filter={"key": value})`` visits only the checkpoints
+that carry that value, newest first, instead of decoding every checkpoint's
+metadata. Each checkpoint record lists its meta entries, so deleting a
+checkpoint never needs to decode its metadata.
 
 **Short keys.** LMDB keys are limited to 511 bytes. A string element (thread,
 namespace, checkpoint id, channel, task path, task id, run id) whose encoding
@@ -52,6 +59,7 @@ BLOB = "b"
 WRITE = "w"
 RUN = "r"
 BY_ID = "g"
+META = "m"
 EMPTY_TYPE = "empty"
 
 Typed = tuple[str, bytes]
@@ -135,6 +143,49 @@ def by_id_stop(before_checkpoint_id: str) -> bytes:
     return pack((BY_ID, k(before_checkpoint_id)))
 
 
+def meta_value(value: Any) -> tuple[bool, Any]:
+    """(indexable, normalized key element) for a metadata or filter value.
+
+    None is not indexable (a filter on None also matches a missing key), nor
+    are containers, NaN, or ints beyond 64 bits."""
+    if isinstance(value, bool):
+        return True, int(value)
+    if isinstance(value, int):
+        return (-(2**63) <= value < 2**64), value
+    if isinstance(value, float):
+        if value != value:
+            return False, None
+        if value.is_integer() and -(2**63) <= value < 2**64:
+            return True, int(value)
+        return True, value
+    if isinstance(value, str):
+        return True, k(value)
+    return False, None
+
+
+def meta_entries(metadata: Any) -> list[list[Any]]:
+    """The [key element, value element] pairs a checkpoint's metadata indexes."""
+    out = []
+    for key, value in (metadata or {}).items():
+        ok, norm = meta_value(value)
+        if ok and isinstance(key, str):
+            out.append([k(key), norm])
+    return out
+
+
+def meta_key(entry: list[Any], checkpoint_id: str, thread: str, ns: str) -> bytes:
+    return pack((META, entry[0], entry[1], k(checkpoint_id), k(thread), k(ns)))
+
+
+def meta_range(key: str, norm: Any, before_checkpoint_id: str | None = None) -> tuple[
+    bytes, bytes
+]:
+    start, stop = prefix_range((META, k(key), norm))
+    if before_checkpoint_id is not None:
+        stop = pack((META, k(key), norm, k(before_checkpoint_id)))
+    return start, stop
+
+
 def rethread(key: bytes, src_prefix_len: int, dst_prefix: bytes) -> bytes:
     """Move a key from one thread's prefix to another's; elements are
     self-delimiting, so everything after the thread element is kept verbatim."""
@@ -156,6 +207,17 @@ class CheckpointRecord(NamedTuple):
     checkpoint: Typed  # the checkpoint without channel_values
     metadata: Typed
     run_id: str | None
+    meta: list[list[Any]]  # meta index entries (see meta_entries)
+
+
+def index_keys(rec: CheckpointRecord) -> list[bytes]:
+    """Every index key pointing at this checkpoint (id, run, metadata)."""
+    t, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
+    keys = [by_id_key(cid, t, ns)]
+    if rec.run_id is not None:
+        keys.append(run_key(rec.run_id, t, ns, cid))
+    keys.extend(meta_key(e, cid, t, ns) for e in rec.meta)
+    return keys
 
 
 def encode_checkpoint(rec: CheckpointRecord) -> bytes:
@@ -170,13 +232,14 @@ def encode_checkpoint(rec: CheckpointRecord) -> bytes:
             rec.metadata[0],
             rec.metadata[1],
             rec.run_id,
+            rec.meta,
         ]
     )
 
 
 def decode_checkpoint(raw: bytes) -> CheckpointRecord:
-    t, ns, cid, parent, ctype, cbytes, mtype, mbytes, run_id = ormsgpack.unpackb(raw)
-    return CheckpointRecord(t, ns, cid, parent, (ctype, cbytes), (mtype, mbytes), run_id)
+    t, ns, cid, parent, ctype, cbytes, mtype, mbytes, run_id, meta = ormsgpack.unpackb(raw)
+    return CheckpointRecord(t, ns, cid, parent, (ctype, cbytes), (mtype, mbytes), run_id, meta)
 
 
 def encode_blob(typed: Typed | None) -> bytes:
