@@ -117,6 +117,24 @@ def _pack_float(value: float) -> bytes:
     return b"\x21" + _U64.pack(flipped)
 
 
+# Encoded str elements, memoized: key building repeats the same few strings
+# (keyspace names, thread ids, namespaces, channel names) all the time, and a
+# dict hit is several times cheaper than encode + escape + concatenate.
+_STR_CACHE: dict[str, bytes] = {}
+_STR_CACHE_MAX = 16384
+
+
+def _str_element(s: str) -> bytes:
+    enc = _STR_CACHE.get(s)
+    if enc is None:
+        enc = b"\x02" + _escape(s.encode("utf-8", "surrogatepass")) + b"\x00"
+        if len(s) <= 256:
+            if len(_STR_CACHE) >= _STR_CACHE_MAX:
+                _STR_CACHE.clear()
+            _STR_CACHE[s] = enc
+    return enc
+
+
 def pack(t: tuple) -> bytes:
     """Encode a tuple of None/bytes/str/int/float/bool as order-preserving bytes.
 
@@ -128,7 +146,9 @@ def pack(t: tuple) -> bytes:
     out: list[bytes] = []
     for el in t:
         # bool before int: bool is a subclass of int.
-        if el is None:
+        if type(el) is str:
+            out.append(_str_element(el))
+        elif el is None:
             out.append(b"\x00")
         elif isinstance(el, str):
             out.append(b"\x02" + _escape(el.encode("utf-8", "surrogatepass")) + b"\x00")
