@@ -18,6 +18,7 @@ from .store import (
     StoreBusyError,
     StoreClosedError,
     StoreFullError,
+    SupportsDiskUsage,
     Txn,
 )
 
@@ -34,6 +35,7 @@ __all__ = [
     "StoreBusyError",
     "StoreClosedError",
     "StoreFullError",
+    "SupportsDiskUsage",
     "Txn",
     "pack",
     "prefix_range",

@@ -107,7 +107,11 @@ class FileStore(MemoryStore):
             flat = ormsgpack.unpackb(body)
         except Exception as e:
             raise CorruptStoreError(f"{self.path} is damaged: {e}") from e
-        if not isinstance(flat, list) or len(flat) % 2:
+        if (
+            not isinstance(flat, list)
+            or len(flat) % 2
+            or not all(type(x) is bytes for x in flat)  # else a str key breaks every lookup
+        ):
             raise CorruptStoreError(f"{self.path} is damaged: body is not a key/value array")
         return SortedDict(zip(flat[0::2], flat[1::2]))
 
@@ -133,6 +137,14 @@ class FileStore(MemoryStore):
                 pass
             raise
         _fsync_dir(os.path.dirname(self.path))
+
+    def disk_usage(self) -> int:
+        """Bytes of the store file (0 before the first commit)."""
+        self._check_open()
+        try:
+            return os.path.getsize(self.path)
+        except FileNotFoundError:
+            return 0
 
     def close(self) -> None:
         if not self._closed:

@@ -35,16 +35,37 @@ Durability (``durability=``), each exactly as LMDB documents it:
   filesystem preserves write order. Call ``sync()`` to flush explicitly.
 
 ``max_size`` caps the data file: a write past it raises ``StoreFullError``
-naming the cap, and leaves the store as it was.
+naming the cap, and leaves the store as it was. A transaction that only
+deletes may use a small reserve past the cap (1/32 of it, at least 256 KiB),
+because a delete needs a few free pages too: a store at its cap can always be
+cleaned up (``delete_thread``, ``prune``), and the cap applies again after.
+
+**Compaction.** An LMDB file never shrinks: pages freed by deletes are reused,
+never returned. ``compact_lmdb(path)`` rewrites the store offline: every
+record, in key order, appended to a new file (full pages, no free ones; see
+``_rebuild``) beside ``data.mdb``, which then ``os.replace``s ``data.mdb``, so
+a crash leaves the old or the new file, never a mix. Offline means nobody else
+has the store open, which the store checks through ``kvsaver.lock`` in its
+directory: every ``LMDBStore`` holds a shared ``flock`` on it while open (taken
+before LMDB opens its files, released after they are closed), and compaction
+takes it exclusively without waiting, or fails with ``StoreBusyError``. An
+opener that finds compaction running waits for it (at most
+``_COMPACTION_WAIT_SECONDS``) and then opens the compacted file. As a second
+check, for LMDB users that are not ``LMDBStore`` (e.g. ``mdb_stat``), the
+compactor probes LMDB's own ``lock.mdb``: every process with the environment
+open holds a shared ``fcntl`` lock on its first byte.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import lmdb
@@ -54,11 +75,12 @@ from .store import (
     KeyTooLongError,
     KVError,
     ReadOnlyError,
+    StoreBusyError,
     StoreClosedError,
     StoreFullError,
 )
 
-__all__ = ["LMDBStore"]
+__all__ = ["CompactResult", "LMDBStore", "compact_lmdb"]
 
 T = TypeVar("T")
 
@@ -70,6 +92,8 @@ _DURABILITY: dict[str, dict[str, bool]] = {
 }
 _DEFAULT_MAP_SIZE = 64 << 20
 _PAGE = 4096
+LOCK_FILE = "kvsaver.lock"  # shared flock while open, exclusive while compacting
+_COMPACTION_WAIT_SECONDS = 60.0
 
 
 class _SharedExclusive:
@@ -80,25 +104,33 @@ class _SharedExclusive:
         self._shared = 0
         self._exclusive = False
         self._waiting_exclusive = 0
-        self._local = threading.local()
+        self._mine: dict[int, int] = {}  # thread ident -> shared holds (under _cond)
 
     def held_shared_by_me(self) -> int:
-        return getattr(self._local, "n", 0)
+        return self._mine.get(threading.get_ident(), 0)
 
     def acquire_shared(self) -> None:
+        me = threading.get_ident()
         with self._cond:
             # A thread already holding it shared must not wait behind a
             # pending exclusive request (it would wait for itself).
-            while self._exclusive or (self._waiting_exclusive and not self.held_shared_by_me()):
+            while self._exclusive or (self._waiting_exclusive and not self._mine.get(me)):
                 self._cond.wait()
             self._shared += 1
-        self._local.n = self.held_shared_by_me() + 1
+            self._mine[me] = self._mine.get(me, 0) + 1
 
     def release_shared(self) -> None:
-        self._local.n = self.held_shared_by_me() - 1
+        me = threading.get_ident()
         with self._cond:
             self._shared -= 1
-            if self._shared == 0:
+            held = self._mine[me] - 1
+            if held:
+                self._mine[me] = held
+            else:
+                del self._mine[me]
+            # notify_all() costs a lock probe even with nobody waiting: only
+            # an exclusive request (growth, fork) waits for readers to drain.
+            if self._shared == 0 and self._waiting_exclusive:
                 self._cond.notify_all()
 
     def acquire_exclusive(self, timeout: float | None = None) -> bool:
@@ -145,15 +177,21 @@ class _Env:
         self.options = options
         self.refs = 0
         self.quiet_at_fork = True
+        self.lock_fd: int | None = None
         self._open()
 
     def _open(self) -> None:
-        self.pid = os.getpid()
         self.write_lock = threading.Lock()
+        self.writer: int | None = None  # thread holding write_lock (see writing())
+        self.noop_txnid = -1  # see commit_noop()
+        self.over_cap = False  # a delete-only transaction is using the reserve
         self.queue_lock = threading.Lock()
         self.queue: list[_Request] = []
         self.leading = False  # a thread is committing batches of transact()
         self.gate = _SharedExclusive()
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)  # inherited through fork(); the parent keeps its lock
+        self.lock_fd = _hold_shared(self.path, self.readonly)
         try:
             self.env = lmdb.open(
                 self.path,
@@ -168,14 +206,22 @@ class _Env:
                 lock=True,
                 **_DURABILITY[self.options["durability"]],
             )
-        except lmdb.InvalidError as e:
-            raise CorruptStoreError(f"{self.path} does not hold a valid LMDB store: {e}") from e
-        except lmdb.VersionMismatchError as e:
-            raise CorruptStoreError(
-                f"{self.path} was written by an incompatible LMDB version: {e}"
-            ) from e
+        except BaseException as e:
+            if self.lock_fd is not None:
+                os.close(self.lock_fd)
+                self.lock_fd = None
+            if isinstance(e, lmdb.InvalidError):
+                raise CorruptStoreError(f"{self.path} does not hold a valid LMDB store: {e}") from e
+            if isinstance(e, lmdb.VersionMismatchError):
+                raise CorruptStoreError(
+                    f"{self.path} was written by an incompatible LMDB version: {e}"
+                ) from e
+            raise
         self.env.reader_check()
         self.max_key = self.env.max_key_size()
+        # Last: check_fork()'s unlocked fast path reads pid, so another thread
+        # of a forked child must not see our pid before the new env is ready.
+        self.pid = os.getpid()
 
     def check_fork(self) -> None:
         if self.pid == os.getpid():
@@ -184,16 +230,37 @@ class _Env:
             if self.pid == os.getpid():
                 return
             if not self.quiet_at_fork:
+                # Not "open a new store here": py-lmdb refuses to open the
+                # same files twice in one process, and the inherited handle
+                # cannot be closed (that would end the parent's transactions).
                 raise KVError(
-                    f"the store at {self.path} had a transaction open in another thread "
-                    "when this process forked, so the inherited handle cannot be used or "
-                    "closed safely here; open a new store in the child process"
+                    f"the store at {self.path} had a transaction open when this process "
+                    "forked, so the inherited handle cannot be used or closed safely here, "
+                    "and LMDB cannot open the same store twice in one process; use it from "
+                    "a process started with the 'spawn' method, or fork while no "
+                    "transaction is open"
                 )
             # No transaction was open at fork() (the pre-fork hook made sure),
             # so closing the inherited handle touches no reader slot of the
             # parent's; then open the directory afresh.
             self.env.close()
             self._open()
+
+    def check_not_writing(self) -> None:
+        if self.writer == threading.get_ident():
+            raise RuntimeError("a write transaction is already open in this thread")
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        """Hold the in-process write lock. It is not reentrant: a thread that
+        already holds it gets a clear error instead of waiting for itself."""
+        self.check_not_writing()
+        with self.write_lock:
+            self.writer = threading.get_ident()
+            try:
+                yield
+            finally:
+                self.writer = None
 
     # -- map size -----------------------------------------------------------
     def map_size(self) -> int:
@@ -203,9 +270,12 @@ class _Env:
         info = self.env.info()
         return (int(info["last_pgno"]) + 1) * int(self.env.stat()["psize"])
 
-    def grow(self, minimum: int | None = None, *, adopt_only: bool = False) -> None:
+    def grow(
+        self, minimum: int | None = None, *, adopt_only: bool = False, shrinking: bool = False
+    ) -> None:
         """Grow the map (or adopt another process's growth); waits for this
-        process's open transactions. Raises StoreFullError at the cap."""
+        process's open transactions. Raises StoreFullError at the cap, unless
+        ``shrinking`` (a delete-only transaction) and the reserve is left."""
         cap = self.options["max_size"]
         with self.gate.exclusive():
             if adopt_only:
@@ -215,6 +285,12 @@ class _Env:
             target = max(current * 2, (minimum or 0) * 2, current + (1 << 20))
             if cap is not None:
                 if current >= cap:
+                    if self.commit_noop():
+                        return  # the caller retries; the freed pages are usable now
+                    if shrinking and current < _with_reserve(cap):
+                        self.env.set_mapsize(_with_reserve(cap))  # settle_cap() undoes it
+                        self.over_cap = True
+                        return
                     raise StoreFullError(
                         f"the store at {self.path} reached its size cap of {cap:,} bytes "
                         f"(max_size); delete threads or prune, or open it with a larger "
@@ -224,11 +300,64 @@ class _Env:
             target = (target + _PAGE - 1) // _PAGE * _PAGE
             self.env.set_mapsize(target)
 
+    def settle_cap(self, cleaned: bool) -> None:
+        """After a delete-only commit (``cleaned``) at the cap: one no-op commit,
+        allowed into the reserve, so that the next write can use the pages the
+        delete freed (see commit_noop); then the cap again (LMDB keeps the map
+        at least as large as the pages in use). Caller holds the write lock."""
+        cap = self.options["max_size"]
+        if cap is None or not (self.over_cap or cleaned):
+            return
+        if self.gate.held_shared_by_me():
+            return  # a read of this thread is open: settle after a later write
+        with self.gate.exclusive():
+            if not self.over_cap and self.map_size() < cap:
+                return  # not at the cap: nothing to settle
+            if cleaned:
+                self.env.set_mapsize(_with_reserve(cap))
+                self.commit_noop()
+            self.env.set_mapsize(cap)
+            self.over_cap = False
+
+    def commit_noop(self) -> bool:
+        """Commit one transaction that changes no data; False if pointless or failed.
+
+        LMDB reuses the pages a commit freed only from the second transaction
+        after it, so at the size cap, right after a large delete, every retry of
+        the next write (each aborted, so each is again "the next") would fail
+        although the delete freed plenty. One commit makes those pages usable.
+        Only once per outside commit: if nothing was committed since our last
+        no-op, the store is genuinely full. Caller holds the write lock."""
+        if int(self.env.info()["last_txnid"]) == self.noop_txnid:
+            return False
+        try:
+            with self.env.begin(write=True) as txn, txn.cursor() as cur:
+                if cur.first():
+                    txn.put(cur.key(), cur.value())  # rewrite: dirties a page
+                else:
+                    txn.put(b"\x00", b"")
+                    txn.delete(b"\x00")
+        except lmdb.Error:
+            return False
+        self.noop_txnid = int(self.env.info()["last_txnid"])
+        return True
+
+    def sizes(self) -> tuple[int, int]:
+        """(bytes in use, map size), read under the gate like every other call
+        into the environment: py-lmdb releases the GIL during each one, and a
+        fork() meanwhile would leave the child waiting forever for it when it
+        closes its inherited handle. Not for a holder of the exclusive gate."""
+        self.gate.acquire_shared()
+        try:
+            return self.used_bytes(), self.map_size()
+        finally:
+            self.gate.release_shared()
+
     def ensure_headroom(self) -> None:
         """Grow before a write when less than half of the map is free."""
         if self.readonly:
             return
-        used, size = self.used_bytes(), self.map_size()
+        used, size = self.sizes()
         cap = self.options["max_size"]
         if used * 2 > size and (cap is None or size < cap):
             self.grow(used)
@@ -318,6 +447,7 @@ def _after_fork_child() -> None:
     for env in _REGISTRY.values():
         # Locks may have been held by parent threads that do not exist here.
         env.write_lock = threading.Lock()
+        env.writer = None
         env.queue_lock = threading.Lock()
         env.queue = []
         env.leading = False
@@ -374,7 +504,8 @@ class _LMDBTxn:
                 self._log.append((op, a, b))
                 return result
             except lmdb.MapFullError:
-                self._txn = self._store._regrow(self._txn, self._log)
+                shrinking = op != "put" and _no_puts(self._log)
+                self._txn = self._store._regrow(self._txn, self._log, shrinking=shrinking)
 
     @staticmethod
     def _apply(
@@ -405,6 +536,16 @@ class _LMDBTxn:
         self, start: bytes | None = None, stop: bytes | None = None, *, reverse: bool = False
     ) -> Iterator[tuple[bytes, bytes]]:
         return _scan(self._txn, self._env.max_key, start, stop, reverse)
+
+
+def _with_reserve(cap: int) -> int:
+    """The map size a delete-only transaction may use at the cap."""
+    return cap + max(64 * _PAGE, cap // 32 // _PAGE * _PAGE)
+
+
+def _no_puts(log: list[tuple[str, bytes | None, bytes | None]]) -> bool:
+    """A transaction that only deletes (it may use the reserve past the cap)."""
+    return all(op != "put" for op, _, _ in log)
 
 
 def _position(cur: lmdb.Cursor, bound: bytes, max_key: int) -> bool:
@@ -454,6 +595,8 @@ def _delete_range(
         ok = cur.first() if start is None else _position(cur, start, max_key)
         while ok:
             key = cur.key()
+            if not key:  # deleted the last key: the cursor is past the end
+                break
             if stop is not None and key >= stop:
                 break
             if start is not None and key < start:
@@ -556,9 +699,10 @@ class LMDBStore:
         env = self._check_open()
         if self.readonly:
             raise ReadOnlyError(f"the store at {self.path} was opened read-only")
-        with env.write_lock:
+        with env.writing():
             env.ensure_headroom()
             env.gate.acquire_shared()
+            cleaned = False
             try:
                 wrapper = _LMDBTxn(self, env, env.begin(write=True), write=True)
                 try:
@@ -567,8 +711,10 @@ class LMDBStore:
                     wrapper._txn.abort()
                     raise
                 self._commit(wrapper)
+                cleaned = bool(wrapper._log) and _no_puts(wrapper._log or [])
             finally:
                 env.gate.release_shared()
+                env.settle_cap(cleaned)
 
     def transact(self, fn: Callable[[Any], T]) -> T:
         """Run ``fn(txn)`` in a write transaction and return its result.
@@ -585,6 +731,7 @@ class LMDBStore:
         env = self._check_open()
         if self.readonly:
             raise ReadOnlyError(f"the store at {self.path} was opened read-only")
+        env.check_not_writing()  # else this thread would wait for itself
         req = _Request(fn)
         with env.queue_lock:
             env.queue.append(req)
@@ -595,7 +742,7 @@ class LMDBStore:
         if not req.done:
             with env.queue_lock:
                 batch, env.queue = env.queue, []
-            with env.write_lock:
+            with env.writing():
                 self._run_batch(env, batch)
             for r in batch:
                 r.wake.set()
@@ -631,16 +778,23 @@ class LMDBStore:
                     break
                 except lmdb.MapFullError:
                     txn.abort()
+                    used = env.used_bytes()  # under the gate (see sizes())
                     env.gate.release_shared()
                     try:
-                        env.grow(env.used_bytes())
+                        env.grow(used)
                     finally:
                         env.gate.acquire_shared()
+                except lmdb.Error as e:
+                    # Disk full right after a delete: the pages it freed become
+                    # usable after one more commit (see commit_noop); retry once.
+                    if _disk_full(self.path, e) is e or not env.commit_noop():
+                        raise
         except BaseException as e:
             # A failure of the shared commit itself (cap reached, disk error)
             # is every caller's failure: none of their changes were written.
+            error = _disk_full(self.path, e)
             for r in batch:
-                r.error = e
+                r.error = error
             if txn is not None:
                 txn.abort()
         finally:
@@ -655,23 +809,36 @@ class LMDBStore:
                 return
             except lmdb.MapFullError:
                 assert wrapper._log is not None
-                wrapper._txn = self._regrow(wrapper._txn, wrapper._log)
+                shrinking = _no_puts(wrapper._log)
+                wrapper._txn = self._regrow(wrapper._txn, wrapper._log, shrinking=shrinking)
+            except lmdb.Error as e:
+                full = _disk_full(self.path, e)
+                if full is e:
+                    raise
+                if not self._env.commit_noop():  # as in _run_batch: retry once
+                    raise full from e
+                assert wrapper._log is not None
+                wrapper._txn = self._regrow(wrapper._txn, wrapper._log, grow=False)
 
-    def _regrow(self, txn: lmdb.Transaction, log: list[Any]) -> lmdb.Transaction:
+    def _regrow(
+        self, txn: lmdb.Transaction, log: list[Any], grow: bool = True, shrinking: bool = False
+    ) -> lmdb.Transaction:
         """Abort ``txn``, grow the map, and replay ``log`` into a new one."""
         env = self._env
         txn.abort()
-        env.gate.release_shared()
-        try:
-            env.grow(env.used_bytes())
-        finally:
-            env.gate.acquire_shared()
+        if grow:
+            used = env.used_bytes()  # under the gate (see sizes())
+            env.gate.release_shared()
+            try:
+                env.grow(used, shrinking=shrinking)
+            finally:
+                env.gate.acquire_shared()
         new = env.begin(write=True)
         try:
             for op, a, b in log:
                 _LMDBTxn._apply(new, op, a, b, env.max_key)
         except lmdb.MapFullError:
-            return self._regrow(new, log)
+            return self._regrow(new, log, shrinking=shrinking)
         except BaseException:
             new.abort()
             raise
@@ -679,16 +846,30 @@ class LMDBStore:
 
     def sync(self) -> None:
         """Flush to disk now (useful with durability ``"none"``)."""
-        self._check_open().env.sync(True)
+        env = self._check_open()
+        env.gate.acquire_shared()  # see _Env.sizes()
+        try:
+            env.env.sync(True)
+        finally:
+            env.gate.release_shared()
 
     def info(self) -> dict[str, int]:
         """Map size, bytes in use, and the data file's size on disk."""
-        env = self._check_open()
+        used, size = self._check_open().sizes()
         return {
-            "map_size": env.map_size(),
-            "used_bytes": env.used_bytes(),
+            "map_size": size,
+            "used_bytes": used,
             "file_bytes": os.path.getsize(os.path.join(self.path, "data.mdb")),
         }
+
+    def disk_usage(self) -> int:
+        """Bytes of the files in the store's directory (data, LMDB's lock file)."""
+        self._check_open()
+        total = 0
+        for entry in os.scandir(self.path):
+            if entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+        return total
 
     def close(self) -> None:
         if self._closed:
@@ -706,6 +887,31 @@ class LMDBStore:
         return f"LMDBStore({self.path!r}, readonly={self.readonly}, durability={self.durability!r})"
 
 
+def _disk_full(path: str, e: BaseException) -> BaseException:
+    """``e``, or a StoreFullError if ``e`` is LMDB failing to write for lack of
+    disk space: ENOSPC or EDQUOT, or the EIO that LMDB reports for a short
+    write (which leaves the filesystem with no space available)."""
+    if not isinstance(e, lmdb.Error) or isinstance(e, lmdb.MapFullError):
+        return e
+    text = str(e)
+    if "Input/output error" in text:
+        try:
+            st = os.statvfs(path)
+        except OSError:
+            return e
+        if st.f_bavail * st.f_frsize >= 1 << 20:
+            return e  # space left: a genuine I/O error
+    elif "No space left" not in text and "Disk quota exceeded" not in text:
+        return e
+    full = StoreFullError(
+        f"the disk holding the store at {path} is full ({text}); the write was rolled "
+        "back and the store is as it was. Free disk space and retry (deleting threads "
+        "or pruning also makes room inside the store, for later writes)"
+    )
+    full.__cause__ = e
+    return full
+
+
 def _release(key: str, env: _Env) -> None:
     with _REGISTRY_LOCK:
         env.refs -= 1
@@ -715,19 +921,212 @@ def _release(key: str, env: _Env) -> None:
             del _REGISTRY[key]
         if env.pid == os.getpid():
             env.env.close()
+            if env.lock_fd is not None:  # after the files are closed: compaction may start
+                os.close(env.lock_fd)
+                env.lock_fd = None
 
 
 def _check_dir(path: str, readonly: bool) -> None:
     if os.path.exists(path) and not os.path.isdir(path):
         raise CorruptStoreError(f"{path} exists and is not a directory; an LMDB store is one")
     if os.path.isdir(path):
-        entries = set(os.listdir(path))
+        entries = set(os.listdir(path)) - {LOCK_FILE}
         if entries and "data.mdb" not in entries:
             raise CorruptStoreError(
                 f"{path} is a non-empty directory without data.mdb: not an LMDB store "
                 "(refusing to create one among other files)"
             )
+        if readonly and "data.mdb" not in entries:  # else lmdb.Error, outside our family
+            raise FileNotFoundError(f"no store at {path} (read-only open does not create one)")
     elif readonly:
         raise FileNotFoundError(f"no store at {path} (read-only open does not create one)")
     else:
         os.makedirs(path, exist_ok=True)
+
+
+def _hold_shared(path: str, readonly: bool) -> int | None:
+    """Open ``path/kvsaver.lock`` and hold a shared flock on it, waiting while
+    a compaction holds it exclusively. None when a read-only opener cannot
+    create the file (a read-only directory: nobody can compact it either)."""
+    lock_path = os.path.join(path, LOCK_FILE)
+    try:
+        fd = os.open(lock_path, (os.O_RDONLY if readonly else os.O_RDWR) | os.O_CREAT, 0o644)
+    except OSError:
+        if not readonly:
+            raise
+        try:
+            fd = os.open(lock_path, os.O_RDONLY)
+        except OSError:
+            return None
+    deadline = time.monotonic() + _COMPACTION_WAIT_SECONDS
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                os.close(fd)
+                raise StoreBusyError(
+                    f"{path} is being compacted by another process (it holds {lock_path} "
+                    f"exclusively) for more than {_COMPACTION_WAIT_SECONDS:.0f} s; "
+                    "try again when it has finished"
+                ) from None
+            time.sleep(0.05)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _refuse_foreign_openers(path: str) -> None:
+    """LMDB holds a shared fcntl lock on byte 0 of lock.mdb in every process
+    that has the environment open; an exclusive test lock fails if one does.
+    (Our process has no environment on ``path`` open, so no lock of ours is
+    touched when this descriptor closes.)"""
+    lock_mdb = os.path.join(path, "lock.mdb")
+    try:
+        fd = os.open(lock_mdb, os.O_RDWR)
+    except FileNotFoundError:
+        return
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 0)
+    except OSError:
+        raise StoreBusyError(
+            f"cannot compact {path}: another process has it open through LMDB "
+            f"({lock_mdb} is locked); close it first"
+        ) from None
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class CompactResult:
+    """File sizes of a compaction, in bytes."""
+
+    before: int
+    after: int
+
+
+def compact_lmdb(
+    path: str | os.PathLike[str], *, progress: Callable[[int, int], None] | None = None
+) -> CompactResult:
+    """Rewrite the LMDB store at ``path`` into a dense new file (offline).
+
+    Refuses with ``StoreBusyError`` while any process (this one included) has
+    the store open; openers that arrive during the compaction wait for it.
+    ``progress(records_copied, records_total)`` is called as it goes. The new
+    file is built beside ``data.mdb`` (``data.mdb.compact``) and replaces it
+    atomically; a crash leaves the old store (and a stale temporary file,
+    overwritten by the next compaction).
+    """
+    path = os.path.abspath(os.fspath(path))
+    data = os.path.join(path, "data.mdb")
+    if not os.path.isfile(data):
+        raise CorruptStoreError(f"{path} is not an LMDB store (no data.mdb)")
+    if os.path.realpath(path) in _REGISTRY:
+        raise StoreBusyError(
+            f"cannot compact {path}: this process has it open; close every "
+            "LMDBStore/KVSaver on it first (compaction is offline)"
+        )
+    fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StoreBusyError(
+                f"cannot compact {path}: another process has it open (it holds "
+                f"{LOCK_FILE}); close it first (compaction is offline)"
+            ) from None
+        _refuse_foreign_openers(path)
+        before = os.path.getsize(data)
+        tmp = data + ".compact"
+        _rebuild(path, tmp, before, progress)
+        os.replace(tmp, data)
+        _fsync_dir(path)
+        return CompactResult(before=before, after=os.path.getsize(data))
+    finally:
+        os.close(fd)  # releases the exclusive lock
+
+
+_COMPACT_BATCH = 20_000  # records per write transaction of the rebuild ...
+_COMPACT_BATCH_BYTES = 64 << 20  # ... or bytes, whichever comes first
+
+
+def _rebuild(path: str, tmp: str, size: int, progress: Callable[[int, int], None] | None) -> None:
+    """Copy every record, in key order, into a new file with MDB_APPEND.
+
+    Why not ``copy(compact=True)``: that drops free pages but copies the
+    B-tree's pages as they are, and pages filled by ordered inserts are about
+    half full (LMDB splits a full page in the middle). Appending in key order
+    fills every leaf page, so the copy is close to the size of the records
+    themselves: on a store of short chat threads after deleting 90% of them,
+    1.37x the live bytes instead of 1.85x (values above ~2 KB still occupy
+    whole overflow pages; that rounding is LMDB's, and no copy removes it).
+
+    No lock files on either side: nobody else has the source open (checked by
+    the caller) and nobody knows the temporary file.
+    """
+    try:
+        os.unlink(tmp)  # a stale one from an interrupted compaction
+    except FileNotFoundError:
+        pass
+    src = lmdb.open(
+        path, readonly=True, lock=False, subdir=True, max_dbs=0, map_size=max(size, _PAGE * 8)
+    )
+    try:
+        total = int(src.stat()["entries"])
+        map_size = max(size + (16 << 20), _DEFAULT_MAP_SIZE)
+        while True:
+            dst = lmdb.open(
+                tmp,
+                subdir=False,
+                lock=False,
+                max_dbs=0,
+                map_size=map_size,
+                sync=False,
+                metasync=False,
+            )
+            try:
+                _append_all(src, dst, total, progress)
+                dst.sync(True)
+                return
+            except lmdb.MapFullError:
+                map_size *= 2  # denser pages never need more; but be safe
+            finally:
+                dst.close()
+            os.unlink(tmp)
+    finally:
+        src.close()
+
+
+def _append_all(
+    src: lmdb.Environment,
+    dst: lmdb.Environment,
+    total: int,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    done = 0
+    with src.begin(buffers=False) as rtxn:
+        cur = rtxn.cursor()
+        ok = cur.first()
+        while ok:
+            batch: list[tuple[bytes, bytes]] = []
+            size = 0
+            while ok and len(batch) < _COMPACT_BATCH and size < _COMPACT_BATCH_BYTES:
+                key, value = cur.key(), cur.value()
+                batch.append((key, value))
+                size += len(key) + len(value)
+                ok = cur.next()
+            with dst.begin(write=True) as wtxn:
+                added = wtxn.cursor().putmulti(batch, append=True)[1]
+            if added != len(batch):
+                raise CorruptStoreError("compaction: the copy lost records (keys out of order?)")
+            done += len(batch)
+            if progress is not None:
+                progress(done, total)
+    if progress is not None:
+        progress(done, total)

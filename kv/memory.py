@@ -205,3 +205,10 @@ class MemoryStore:
     def __len__(self) -> int:
         with self._lock:
             return len(self._current.data)
+
+    def disk_usage(self) -> int:
+        """Nothing is on disk: the live bytes (keys + values) instead."""
+        self._check_open()
+        with self._lock:
+            data = self._current.data
+            return sum(len(k) + len(v) for k, v in data.items())

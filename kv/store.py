@@ -34,6 +34,7 @@ __all__ = [
     "StoreBusyError",
     "StoreClosedError",
     "StoreFullError",
+    "SupportsDiskUsage",
     "Txn",
 ]
 
@@ -65,7 +66,7 @@ class FormatVersionError(KVError):
 
 
 class StoreFullError(KVError):
-    """A write would take the store past its configured size cap."""
+    """A write does not fit: the store reached its size cap, or the disk is full."""
 
 
 class StoreBusyError(KVError):
@@ -111,3 +112,12 @@ class Store(Protocol):
     def __enter__(self) -> Store: ...
 
     def __exit__(self, *exc: object) -> None: ...
+
+
+@runtime_checkable
+class SupportsDiskUsage(Protocol):
+    """An optional capability: a store that can tell its size on disk."""
+
+    def disk_usage(self) -> int:
+        """Bytes the store's files take (an in-memory store: its live bytes)."""
+        ...

@@ -22,3 +22,38 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# -- temporary directories on tmpfs -------------------------------------------
+# Almost every test opens an LMDB store at full durability, so the suite's time
+# was dominated by fsync on the runner's disk (several ms each, far more under
+# load), not by what is tested. Stores made by tests (tmp_path and tempfile,
+# in this process and in the subprocesses it starts) live on /dev/shm when it
+# is there: fsync is then free, and nothing else changes. Crash tests kill
+# processes, which tmpfs does not make easier (the page cache survives a
+# SIGKILL on any filesystem); power loss is not simulated anywhere.
+# Benchmarks (bench/) run on the real disk. KVSAVER_TEST_TMPDIR overrides.
+def _fast_tmpdir() -> str | None:
+    base = os.environ.get("KVSAVER_TEST_TMPDIR")
+    if base is None and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        base = "/dev/shm"
+    if base is None:
+        return None
+    import tempfile
+
+    path = tempfile.mkdtemp(prefix="kvsaver-tests-", dir=base)
+    # Like /tmp: tests that run a tool as another user (PostgreSQL refuses
+    # root) must be able to reach their own directories below this one.
+    os.chmod(path, 0o1777)
+    os.environ["TMPDIR"] = path
+    tempfile.tempdir = path
+    return path
+
+
+_TMP = _fast_tmpdir()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _TMP is not None:
+        import shutil
+
+        shutil.rmtree(_TMP, ignore_errors=True)
