@@ -1,5 +1,15 @@
 """saver: KVSaver, a LangGraph checkpoint saver over the ``kv`` engine."""
 
+from .compression import CompressingSerializer
 from .kvsaver import KVSaver
+from .retention import Retention, SweepReport
+from .stats import StoreStats, ThreadStats
 
-__all__ = ["KVSaver"]
+__all__ = [
+    "CompressingSerializer",
+    "KVSaver",
+    "Retention",
+    "StoreStats",
+    "SweepReport",
+    "ThreadStats",
+]

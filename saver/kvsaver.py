@@ -8,10 +8,20 @@ disk sync never blocks the event loop and no method body is written twice.
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import os
 import random
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+import time
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Collection,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Literal, TypeVar
 
@@ -33,7 +43,10 @@ from langgraph.checkpoint.base import (
 from kv import CorruptStoreError, FileStore, FormatVersionError, LMDBStore, MemoryStore, Store
 from kv.keys import unpack
 
+from . import compression as C
+from . import retention as R
 from . import schema as S
+from . import stats as ST
 
 __all__ = ["KVSaver"]
 
@@ -101,6 +114,18 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             see ``kv.lmdb_store`` for what each gives up.
         max_size: LMDB only: cap on the store's size in bytes; a write past it
             raises ``kv.StoreFullError``.
+        compress: zstd-compress serialized values of at least
+            ``compress_threshold`` bytes when that saves space (see
+            ``saver.compression``; inside an ``EncryptedSerializer``, before
+            encryption). ``False`` writes values uncompressed; compressed values
+            already stored still read either way.
+        compress_threshold: smallest value (bytes) worth compressing.
+        retention: a ``saver.Retention`` (keep the last N checkpoints per thread
+            and namespace, delete or prune threads idle past a TTL), or a
+            LangGraph Platform ``ttl`` dict; swept by ``put`` every
+            ``sweep_interval_minutes`` in bounded steps, or by ``sweep()``.
+        clock: seconds since the epoch for thread activity (default
+            ``time.time``); inject one to test TTLs without waiting.
         **store_options: passed to ``LMDBStore`` (e.g. ``map_size``).
     """
 
@@ -115,9 +140,19 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         backend: Literal["lmdb", "file"] = "lmdb",
         durability: Literal["full", "meta", "none"] = "full",
         max_size: int | None = None,
+        compress: bool = True,
+        compress_threshold: int = C.DEFAULT_THRESHOLD,
+        retention: R.Retention | Mapping[str, Any] | None = None,
+        clock: Callable[[], float] | None = None,
         **store_options: Any,
     ) -> None:
         super().__init__(serde=serde)
+        # Always wrapped, also with compress=False: values stored compressed
+        # earlier must keep loading.
+        self.serde = C.wrap(self.serde, compress_threshold if compress else None)
+        self.retention: R.Retention | None = R.coerce(retention)
+        self.clock: Callable[[], float] = time.time if clock is None else clock
+        self._sweeper = R.Sweeper()
         self._owns_store = not isinstance(path_or_store, Store)
         if isinstance(path_or_store, Store):
             self.store = path_or_store
@@ -428,6 +463,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         record = S.encode_checkpoint(rec)
         index = S.index_keys(rec)
         ckey = S.checkpoint_key(thread, ns, checkpoint_id)
+        now = R.now_ms(self.clock)
 
         def write(txn: Any) -> None:
             old = txn.get(ckey)
@@ -439,9 +475,11 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             txn.put(ckey, record)
             for key in index:
                 txn.put(key, b"")
+            R.touch(txn, thread, now)
 
         # transact(): concurrent puts share one commit and one sync.
         self.store.transact(write)
+        self._sweeper.maybe_step(self)  # retention: a bounded step when one is due
         return _config(thread, ns, checkpoint_id)
 
     def put_writes(
@@ -478,11 +516,13 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 )
             )
         replace = all(channel in WRITES_IDX_MAP for channel, _ in writes)
+        now = R.now_ms(self.clock)
 
         def write(txn: Any) -> None:
             for key, value in entries:
                 if replace or txn.get(key) is None:
                     txn.put(key, value)
+            R.touch(txn, thread, now)
 
         self.store.transact(write)
 
@@ -503,6 +543,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         txn.delete_range(*S.checkpoints_range(thread))
         txn.delete_range(*S.blobs_range(thread))
         txn.delete_range(*S.writes_range(thread))
+        R.forget(txn, thread)
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, blob and write of a thread, in one transaction."""
@@ -555,9 +596,16 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             for _, raw in list(txn.scan(*S.checkpoints_range(src))):
                 rec = S.decode_checkpoint(raw)._replace(thread_id=dst)
                 ns, cid = rec.checkpoint_ns, rec.checkpoint_id
-                txn.put(S.checkpoint_key(dst, ns, cid), S.encode_checkpoint(rec))
+                ckey = S.checkpoint_key(dst, ns, cid)
+                old = txn.get(ckey)
+                if old is not None:  # overwritten: drop its index entries, as put does,
+                    # or delete_for_runs(old run) would delete the copy
+                    for key in S.index_keys(S.decode_checkpoint(old)):
+                        txn.delete(key)
+                txn.put(ckey, S.encode_checkpoint(rec))
                 for key in S.index_keys(rec):
                     txn.put(key, b"")
+            R.touch(txn, dst, R.now_ms(self.clock))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune threads: ``"keep_latest"`` keeps the latest checkpoint of each
@@ -579,7 +627,11 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 for ns in self._namespaces(txn, thread):
                     self._keep_latest(txn, thread, ns)
 
-    def _keep_latest(self, txn: Any, thread: str, ns: str) -> None:
+    def _keep_latest(self, txn: Any, thread: str, ns: str, keep_last: int = 1) -> int:
+        """Keep the newest ``keep_last`` checkpoints of (thread, ns) and, for
+        each, the ancestors its DeltaChannels rebuild from; delete the other
+        checkpoints with their writes, then the blobs nothing uses. Used by
+        ``prune`` (N = 1) and by retention sweeps. Returns how many went."""
         records = {
             rec.checkpoint_id: rec
             for rec in (
@@ -587,26 +639,68 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             )
         }
         if not records:
-            return
-        latest = max(records.values(), key=lambda r: S.checkpoint_key(thread, ns, r.checkpoint_id))
-        keep = {latest.checkpoint_id}
-        meta = self.serde.loads_typed(latest.metadata)
-        delta = set((meta or {}).get("counters_since_delta_snapshot") or ())
-        cursor = latest.parent_id
-        while delta and cursor is not None and cursor in records:
-            rec = records[cursor]
-            keep.add(cursor)
-            versions = self.serde.loads_typed(rec.checkpoint)["channel_versions"]
-            for ch in list(delta):
-                if ch in versions:
-                    raw = txn.get(S.blob_key(thread, ns, ch, versions[ch]))
-                    if raw is not None and S.decode_blob(raw) is not None:
-                        delta.discard(ch)
-            cursor = rec.parent_id
+            return 0
+        newest = sorted(
+            records.values(),
+            key=lambda r: S.checkpoint_key(thread, ns, r.checkpoint_id),
+            reverse=True,
+        )[:keep_last]
+        keep: set[str] = set()
+        for latest in newest:
+            keep.add(latest.checkpoint_id)
+            meta = self.serde.loads_typed(latest.metadata)
+            delta = set((meta or {}).get("counters_since_delta_snapshot") or ())
+            cursor = latest.parent_id
+            while delta and cursor is not None and cursor in records:
+                rec = records[cursor]
+                keep.add(cursor)
+                versions = self.serde.loads_typed(rec.checkpoint)["channel_versions"]
+                for ch in list(delta):
+                    if ch in versions:
+                        raw = txn.get(S.blob_key(thread, ns, ch, versions[ch]))
+                        if raw is not None and S.decode_blob(raw) is not None:
+                            delta.discard(ch)
+                cursor = rec.parent_id
+        deleted = 0
         for cid, rec in records.items():
             if cid not in keep:
                 self._delete_checkpoint(txn, rec)
+                deleted += 1
         self._gc_blobs(txn, thread, ns)
+        return deleted
+
+    # -- storage: retention, stats, allowlist --------------------------------------
+
+    def sweep(
+        self,
+        retention: R.Retention | None = None,
+        *,
+        full: bool = True,
+        progress: Callable[[int, int | None], None] | None = None,
+    ) -> R.SweepReport:
+        """Apply a retention policy now (default: the saver's ``retention``),
+        one short write transaction per thread. ``full=True`` visits every
+        thread; ``full=False`` only those idle past the TTL and those written
+        since the last sweep. ``progress(threads_done, total)`` is called
+        after each batch."""
+        return self._sweeper.sweep(self, retention, full=full, progress=progress)
+
+    def stats(self) -> ST.StoreStats:
+        """Bytes on disk and live, and per thread its checkpoints, writes,
+        blobs and bytes, largest threads first."""
+        return ST.collect(self)
+
+    def with_allowlist(self, extra_allowlist: Collection[tuple[str, ...]]) -> KVSaver:
+        """A shallow clone whose serializer has a derived msgpack allowlist.
+        LangGraph's own version recognizes only bare and encrypted
+        ``JsonPlusSerializer``s; this one also looks through the compression
+        wrapper, so strict msgpack stays enforced."""
+        serde = C.with_msgpack_allowlist(self.serde, extra_allowlist)
+        if serde is self.serde:
+            return self
+        clone = copy.copy(self)
+        clone.serde = serde
+        return clone
 
     def get_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]
@@ -720,6 +814,18 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         await self._run(self.prune, thread_ids, strategy=strategy)
+
+    async def asweep(
+        self,
+        retention: R.Retention | None = None,
+        *,
+        full: bool = True,
+        progress: Callable[[int, int | None], None] | None = None,
+    ) -> R.SweepReport:
+        return await self._run(self.sweep, retention, full=full, progress=progress)
+
+    async def astats(self) -> ST.StoreStats:
+        return await self._run(self.stats)
 
     async def aget_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]

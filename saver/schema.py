@@ -13,7 +13,11 @@ write       ("w", thread, ns, checkpoint_id, task_path,      WriteRecord
 run index   ("r", run_id, thread, ns, checkpoint_id)         b""
 id index    ("g", checkpoint_id, thread, ns)                 b""
 meta index  ("m", key, value, checkpoint_id, thread, ns)     b""
+activity    ("a", thread)                                    [last activity ms, thread]
+idle index  ("i", last activity ms, thread)                  thread
 schema      ("meta", "schema")                               {"format": FORMAT_VERSION}
+sweep       ("meta", "sweep")                                {"started": ms,
+                                                             "completed": ms, "full": bool}
 ==========  ===============================================  ==========================
 
 The id index is not in DESIGN.md's first table: it lets ``list(None)`` return
@@ -25,6 +29,15 @@ SQLite), so ``list(None, filter={"key": value})`` visits only the checkpoints
 that carry that value, newest first, instead of decoding every checkpoint's
 metadata. Each checkpoint record lists its meta entries, so deleting a
 checkpoint never needs to decode its metadata.
+
+Activity (``saver/retention.py``): ``put`` and ``put_writes`` record when a
+thread was last written, in milliseconds of the saver's clock, at most once a
+second per thread; the idle index orders threads by that time, so a TTL sweep
+reads only the threads idle past the cutoff, and an incremental keep-last
+sweep only those written since the last sweep. The sweep record coordinates
+sweeps between processes. Threads written before these keyspaces existed get
+an activity record at the first full sweep (from the latest checkpoint's
+``ts``).
 
 **Short keys.** LMDB keys are limited to 511 bytes. A string element (thread,
 namespace, checkpoint id, channel, task path, task id, run id) whose encoding
@@ -48,7 +61,7 @@ from typing import Any, NamedTuple
 
 import ormsgpack
 
-from kv.keys import pack, prefix_range
+from kv.keys import pack, prefix_range, unpack
 
 FORMAT_VERSION = 1
 SCHEMA_KEY = pack(("meta", "schema"))
@@ -60,6 +73,8 @@ WRITE = "w"
 RUN = "r"
 BY_ID = "g"
 META = "m"
+ACTIVITY = "a"
+IDLE = "i"
 EMPTY_TYPE = "empty"
 
 Typed = tuple[str, bytes]
@@ -196,6 +211,39 @@ def thread_prefix(kind: str, thread: str) -> bytes:
     return pack((kind, k(thread)))
 
 
+def keyspace_range(kind: str) -> tuple[bytes, bytes]:
+    """Every key of one keyspace (CHECKPOINT, BLOB, WRITE, ...)."""
+    return prefix_range((kind,))
+
+
+def key_thread(key: bytes) -> Any:
+    """The thread element of a checkpoint, blob, write or activity key (the
+    thread id, or its surrogate when the id is too long for a key)."""
+    return unpack(key)[1]
+
+
+def activity_key(thread: str) -> bytes:
+    return pack((ACTIVITY, k(thread)))
+
+
+def activity_key_from_element(kt: Any) -> bytes:
+    return pack((ACTIVITY, kt))
+
+
+def idle_key(ms: int, thread: str) -> bytes:
+    return pack((IDLE, ms, k(thread)))
+
+
+def idle_range(start_ms: int | None = None, stop_ms: int | None = None) -> tuple[bytes, bytes]:
+    """Idle-index keys with ``start_ms <= ms < stop_ms`` (None: unbounded)."""
+    lo, hi = prefix_range((IDLE,))
+    if start_ms is not None:
+        lo = pack((IDLE, start_ms))
+    if stop_ms is not None:
+        hi = pack((IDLE, stop_ms))
+    return lo, hi
+
+
 # -- records ----------------------------------------------------------------
 
 
@@ -269,6 +317,34 @@ def encode_write(rec: WriteRecord) -> bytes:
 def decode_write(raw: bytes) -> WriteRecord:
     task_id, channel, vtype, vbytes, task_path, idx = ormsgpack.unpackb(raw)
     return WriteRecord(task_id, channel, (vtype, vbytes), task_path, idx)
+
+
+def encode_activity(ms: int, thread: str) -> bytes:
+    return ormsgpack.packb([ms, thread])
+
+
+def decode_activity(raw: bytes) -> tuple[int, str]:
+    ms, thread = ormsgpack.unpackb(raw)
+    return int(ms), thread
+
+
+def encode_thread(thread: str) -> bytes:
+    return ormsgpack.packb(thread)
+
+
+def decode_thread(raw: bytes) -> str:
+    return ormsgpack.unpackb(raw)
+
+
+SWEEP_KEY = pack(("meta", "sweep"))
+
+
+def encode_sweep(state: dict[str, Any]) -> bytes:
+    return ormsgpack.packb(state)
+
+
+def decode_sweep(raw: bytes | None) -> dict[str, Any]:
+    return {} if raw is None else dict(ormsgpack.unpackb(raw))
 
 
 def encode_schema() -> bytes:

@@ -1,0 +1,193 @@
+"""``CompressingSerializer``: zstd compression of serialized values, per value.
+
+A serde wrapper: ``dumps_typed`` asks the inner serializer for ``(type,
+bytes)`` and, when the bytes are at least ``threshold`` long and zstd makes
+them at least 1/16 smaller, returns ``(type + ".zst", compressed)``. Anything
+else (small values, incompressible ones such as images or ciphertext) is
+returned exactly as the inner serializer made it. ``loads_typed`` looks at the
+suffix, so one store can hold both kinds: values written before compression
+was enabled, or by ``compress=False``, keep reading.
+
+Why the suffix is ``".zst"`` and not ``"+zstd"``: ``EncryptedSerializer``
+appends ``"+<cipher>"`` and splits on the *first* ``"+"`` when it loads, so a
+``"+"`` of ours inside it would be taken for the cipher name.
+
+With encryption, compression has to happen first (ciphertext does not
+compress), so ``wrap`` puts the compressor *inside* an ``EncryptedSerializer``:
+``EncryptedSerializer(cipher, CompressingSerializer(inner))``, and the stored
+type reads ``"msgpack.zst+aes"``.
+
+LangGraph's msgpack allowlist (``BaseCheckpointSaver.with_allowlist``)
+recognizes only ``JsonPlusSerializer`` and ``EncryptedSerializer(cipher,
+JsonPlusSerializer)``; ``with_msgpack_allowlist`` below looks through our
+wrapper so the allowlist reaches the ``JsonPlusSerializer`` inside it.
+
+zstandard, not zlib (measured on 58 KB of msgpack'd chat messages): zstd
+level 1 makes 0.28 of it in 0.27 ms, zlib's fastest level 0.31 in 0.72 ms, and
+zlib's default level is slower still; zstd also decompresses several times
+faster, and its frame records the content size, so decompression allocates
+once.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from collections.abc import Collection
+from typing import Any
+
+import zstandard
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+__all__ = [
+    "DEFAULT_LEVEL",
+    "DEFAULT_THRESHOLD",
+    "SUFFIX",
+    "CompressingSerializer",
+    "with_msgpack_allowlist",
+    "wrap",
+]
+
+logger = logging.getLogger(__name__)
+
+SUFFIX = ".zst"
+DEFAULT_THRESHOLD = 512  # bytes; below it the zstd frame overhead eats the gain
+# Level 1, not zstd's default 3: on checkpoint data (msgpack of chat messages)
+# 3 compresses only ~1% smaller and takes ~20% longer, and every superstep
+# compresses the whole of each changed channel again.
+DEFAULT_LEVEL = 1
+
+
+class CompressingSerializer(SerializerProtocol):
+    """Compress the inner serializer's bytes with zstd when it pays off.
+
+    Args:
+        serde: the inner serializer (default: ``JsonPlusSerializer()``).
+        threshold: compress values of at least this many bytes; ``None``
+            never compresses (values already compressed still load).
+        level: zstd level (1 fast ... 19 small; default 1, see DEFAULT_LEVEL).
+    """
+
+    def __init__(
+        self,
+        serde: SerializerProtocol | None = None,
+        *,
+        threshold: int | None = DEFAULT_THRESHOLD,
+        level: int = DEFAULT_LEVEL,
+    ) -> None:
+        if threshold is not None and (not isinstance(threshold, int) or threshold < 0):
+            raise ValueError(f"threshold must be a non-negative int or None, got {threshold!r}")
+        if not isinstance(level, int) or not 1 <= level <= 22:
+            raise ValueError(f"zstd level must be an int from 1 to 22, got {level!r}")
+        self.serde: SerializerProtocol = serde if serde is not None else JsonPlusSerializer()
+        self.threshold = threshold
+        self.level = level
+        # zstd contexts must not be shared by concurrent threads (async
+        # methods run in worker threads): one pair per thread.
+        self._local = threading.local()
+
+    def _compressor(self) -> zstandard.ZstdCompressor:
+        c = getattr(self._local, "c", None)
+        if c is None:
+            c = self._local.c = zstandard.ZstdCompressor(level=self.level)
+        return c
+
+    def _decompressor(self) -> zstandard.ZstdDecompressor:
+        d = getattr(self._local, "d", None)
+        if d is None:
+            d = self._local.d = zstandard.ZstdDecompressor()
+        return d
+
+    def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+        typ, data = self.serde.dumps_typed(obj)
+        if self.threshold is None or len(data) < self.threshold or typ.endswith(SUFFIX):
+            return typ, data
+        packed = self._compressor().compress(data)
+        if len(packed) > len(data) - (len(data) >> 4):
+            return typ, data  # saves less than 1/16: not worth a decompression
+        return typ + SUFFIX, packed
+
+    def loads_typed(self, data: tuple[str, bytes]) -> Any:
+        typ, raw = data
+        if typ.endswith(SUFFIX):
+            typ, raw = typ[: -len(SUFFIX)], self._decompressor().decompress(raw)
+        return self.serde.loads_typed((typ, raw))
+
+    def with_inner(self, serde: SerializerProtocol) -> CompressingSerializer:
+        """The same settings around another inner serializer."""
+        return CompressingSerializer(serde, threshold=self.threshold, level=self.level)
+
+    def __copy__(self) -> CompressingSerializer:
+        return self.with_inner(self.serde)  # fresh thread-local contexts
+
+    def __repr__(self) -> str:
+        return (
+            f"CompressingSerializer({self.serde!r}, threshold={self.threshold}, level={self.level})"
+        )
+
+
+def _find(serde: SerializerProtocol) -> CompressingSerializer | None:
+    if isinstance(serde, CompressingSerializer):
+        return serde
+    if isinstance(serde, EncryptedSerializer) and isinstance(serde.serde, CompressingSerializer):
+        return serde.serde
+    return None
+
+
+def wrap(
+    serde: SerializerProtocol, threshold: int | None = DEFAULT_THRESHOLD
+) -> SerializerProtocol:
+    """``serde`` with a ``CompressingSerializer`` in the right place.
+
+    Already compressing (either form): returned as it is. An
+    ``EncryptedSerializer``: a copy whose inner serializer is wrapped, so
+    values are compressed before they are encrypted. Anything else: wrapped.
+    ``threshold=None`` wraps too (nothing new is compressed, but values
+    written compressed earlier still load).
+    """
+    if _find(serde) is not None:
+        return serde
+    if isinstance(serde, EncryptedSerializer):
+        clone = copy.copy(serde)
+        clone.serde = CompressingSerializer(serde.serde, threshold=threshold)
+        return clone
+    return CompressingSerializer(serde, threshold=threshold)
+
+
+def with_msgpack_allowlist(
+    serde: SerializerProtocol, extra_allowlist: Collection[tuple[str, ...]]
+) -> SerializerProtocol:
+    """LangGraph's msgpack allowlist applied through our wrapper: returns
+    ``serde`` itself when nothing changes, else a new serializer of the same
+    shape whose ``JsonPlusSerializer`` carries the extended allowlist."""
+    comp = _find(serde)
+    inner = comp.serde if comp is not None else serde
+    if isinstance(inner, JsonPlusSerializer):
+        updated: SerializerProtocol = inner.with_msgpack_allowlist(extra_allowlist)
+    elif isinstance(inner, EncryptedSerializer) and isinstance(inner.serde, JsonPlusSerializer):
+        new = inner.serde.with_msgpack_allowlist(extra_allowlist)
+        updated = inner
+        if new is not inner.serde:
+            updated = copy.copy(inner)
+            updated.serde = new
+    else:
+        logger.warning(
+            "Serializer %s does not support msgpack allowlist. "
+            "Strict msgpack deserialization will not be enforced.",
+            type(inner).__name__,
+        )
+        return serde
+    if updated is inner:
+        return serde
+    if comp is None:
+        return updated
+    new_comp = comp.with_inner(updated)
+    if comp is serde:
+        return new_comp
+    assert isinstance(serde, EncryptedSerializer)
+    clone = copy.copy(serde)
+    clone.serde = new_comp
+    return clone

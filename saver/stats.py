@@ -1,0 +1,140 @@
+"""``saver.stats()``: what a store holds and what it costs on disk.
+
+One pass over every key, in short read transactions of a few thousand
+records (a long stats run never pins old pages of a store that is being
+written). Bytes are key plus value lengths: what the records themselves take,
+before the backend's page and file overhead, which ``disk_bytes`` shows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kv import Store, SupportsDiskUsage
+from kv.keys import unpack
+
+from . import schema as S
+
+if TYPE_CHECKING:
+    from .kvsaver import KVSaver
+
+__all__ = ["StoreStats", "ThreadStats"]
+
+_CHUNK = 2048
+
+
+@dataclass(frozen=True)
+class ThreadStats:
+    """One thread: its records in every namespace."""
+
+    thread_id: str
+    checkpoints: int
+    writes: int
+    blobs: int
+    bytes: int  # keys + values of its checkpoints, writes and blobs
+    last_activity: float | None  # seconds, the saver's clock; None: not recorded
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """The whole store; ``threads`` is sorted largest first."""
+
+    disk_bytes: int  # files on disk (LMDBStore, FileStore); live bytes in memory
+    live_bytes: int  # keys + values of every record, indexes included
+    checkpoints: int
+    writes: int
+    blobs: int
+    threads: list[ThreadStats] = field(default_factory=list)
+
+    def format(self, top: int | None = 20) -> str:
+        """A plain-text report (what ``python -m tools.storage stats`` prints)."""
+        ratio = f"{self.disk_bytes / self.live_bytes:.2f}x live" if self.live_bytes else "-"
+        lines = [
+            f"disk bytes   {self.disk_bytes:>14,}  ({ratio})",
+            f"live bytes   {self.live_bytes:>14,}",
+            f"threads      {len(self.threads):>14,}",
+            f"checkpoints  {self.checkpoints:>14,}",
+            f"writes       {self.writes:>14,}",
+            f"blobs        {self.blobs:>14,}",
+        ]
+        shown = self.threads if top is None else self.threads[:top]
+        if shown:
+            lines.append("")
+            lines.append(f"{'bytes':>12}  {'checkpoints':>11}  {'writes':>7}  {'blobs':>7}  thread")
+            for t in shown:
+                lines.append(
+                    f"{t.bytes:>12,}  {t.checkpoints:>11,}  {t.writes:>7,}  {t.blobs:>7,}  "
+                    f"{t.thread_id}"
+                )
+            if len(shown) < len(self.threads):
+                lines.append(f"... and {len(self.threads) - len(shown):,} more threads")
+        return "\n".join(lines)
+
+
+def _scan_all(store: Store) -> Iterator[tuple[bytes, bytes]]:
+    start: bytes | None = None
+    while True:
+        with store.read() as txn:
+            n = 0
+            last = b""
+            for key, value in txn.scan(start, None):
+                yield key, value
+                n += 1
+                last = key
+                if n == _CHUNK:
+                    break
+            else:
+                return
+        start = last + b"\x00"  # the smallest key after the last one read
+
+
+def disk_usage(store: Store) -> int | None:
+    """The store's size on disk, if the backend can tell."""
+    return store.disk_usage() if isinstance(store, SupportsDiskUsage) else None
+
+
+def collect(saver: KVSaver) -> StoreStats:
+    counts: dict[Any, list[int]] = {}  # thread element -> [checkpoints, writes, blobs, bytes]
+    names: dict[Any, str] = {}  # surrogate thread element -> thread id
+    activity: dict[Any, int] = {}
+    slot = {S.CHECKPOINT: 0, S.WRITE: 1, S.BLOB: 2}
+    live = 0
+    for key, value in _scan_all(saver.store):
+        size = len(key) + len(value)
+        live += size
+        elements = unpack(key)
+        kind = elements[0]
+        if kind in slot:
+            kt = elements[1]
+            c = counts.setdefault(kt, [0, 0, 0, 0])
+            c[slot[kind]] += 1
+            c[3] += size
+            if kind == S.CHECKPOINT and isinstance(kt, bytes) and kt not in names:
+                names[kt] = S.decode_checkpoint(value).thread_id
+        elif kind == S.ACTIVITY:
+            ms, thread = S.decode_activity(value)
+            activity[elements[1]] = ms
+            names[elements[1]] = thread
+    threads = [
+        ThreadStats(
+            thread_id=kt if isinstance(kt, str) else names.get(kt, repr(kt)),
+            checkpoints=c[0],
+            writes=c[1],
+            blobs=c[2],
+            bytes=c[3],
+            last_activity=activity[kt] / 1000 if kt in activity else None,
+        )
+        for kt, c in counts.items()
+    ]
+    threads.sort(key=lambda t: (-t.bytes, t.thread_id))
+    disk = disk_usage(saver.store)
+    return StoreStats(
+        disk_bytes=live if disk is None else disk,
+        live_bytes=live,
+        checkpoints=sum(t.checkpoints for t in threads),
+        writes=sum(t.writes for t in threads),
+        blobs=sum(t.blobs for t in threads),
+        threads=threads,
+    )

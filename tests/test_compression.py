@@ -1,0 +1,294 @@
+"""Compression of stored values (issue #7): saver/compression.py and KVSaver's
+``compress=`` option. What is stored is checked on the raw store records."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import pytest
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.base.id import uuid6
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+
+from kv.keys import unpack
+from saver import CompressingSerializer, KVSaver
+from saver import compression as C
+from saver import schema as S
+
+KEY = b"0123456789abcdef"
+
+
+def words(n: int, seed: int = 0) -> str:
+    rnd = random.Random(seed)
+    vocab = ["state", "graph", "node", "edge", "message", "tool", "answer", "plan", "step"]
+    return " ".join(rnd.choice(vocab) for _ in range(n))
+
+
+def put(saver: KVSaver, thread: str, values: dict[str, Any], parent: str | None = None) -> str:
+    """One checkpoint with new versions of every channel in ``values``."""
+    cp = empty_checkpoint()
+    cp["id"] = str(uuid6())
+    versions = {ch: saver.get_next_version(None, None) for ch in values}
+    cp["channel_values"] = dict(values)
+    cp["channel_versions"] = versions
+    conf: dict[str, Any] = {"thread_id": thread, "checkpoint_ns": ""}
+    if parent is not None:
+        conf["checkpoint_id"] = parent
+    saver.put({"configurable": conf}, cp, {"source": "loop", "step": 0}, versions)
+    return cp["id"]
+
+
+def stored_blobs(saver: KVSaver) -> dict[str, S.Typed]:
+    """channel -> the serde-typed pair exactly as stored (latest version)."""
+    out: dict[str, S.Typed] = {}
+    with saver.store.read() as txn:
+        for key, raw in txn.scan(*S.keyspace_range(S.BLOB)):
+            typed = S.decode_blob(raw)
+            assert typed is not None
+            out[unpack(key)[3]] = typed
+    return out
+
+
+def latest_values(saver: KVSaver, thread: str) -> dict[str, Any]:
+    t = saver.get_tuple({"configurable": {"thread_id": thread}})
+    assert t is not None
+    return t.checkpoint["channel_values"]
+
+
+# -- the serializer on its own --------------------------------------------------------
+
+
+def test_large_compressible_values_are_compressed_and_marked() -> None:
+    serde = CompressingSerializer(threshold=100)
+    value = {"text": words(2000)}
+    typ, data = serde.dumps_typed(value)
+    plain_typ, plain = JsonPlusSerializer().dumps_typed(value)
+    assert typ == plain_typ + C.SUFFIX == "msgpack.zst"
+    assert len(data) < len(plain) // 3
+    assert serde.loads_typed((typ, data)) == value
+
+
+def test_small_values_stay_as_the_inner_serializer_made_them() -> None:
+    serde = CompressingSerializer(threshold=1024)
+    value = {"text": words(20)}
+    assert serde.dumps_typed(value) == JsonPlusSerializer().dumps_typed(value)
+
+
+def test_incompressible_values_are_stored_raw() -> None:
+    serde = CompressingSerializer(threshold=16)
+    blob = os.urandom(50_000)
+    assert serde.dumps_typed(blob) == ("bytes", blob)
+    assert serde.loads_typed(serde.dumps_typed(blob)) == blob
+
+
+def test_threshold_none_never_compresses_but_still_loads() -> None:
+    writer = CompressingSerializer(threshold=0)
+    reader = CompressingSerializer(threshold=None)
+    value = words(3000)
+    typed = writer.dumps_typed(value)
+    assert typed[0].endswith(C.SUFFIX)
+    assert reader.dumps_typed(value)[0] == "msgpack"
+    assert reader.loads_typed(typed) == value
+
+
+@pytest.mark.parametrize(
+    "bad", [{"threshold": -1}, {"threshold": 1.5}, {"level": 0}, {"level": 99}]
+)
+def test_bad_settings_are_refused(bad: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        CompressingSerializer(**bad)
+
+
+def test_wrap_puts_compression_inside_encryption_and_never_twice() -> None:
+    enc = EncryptedSerializer.from_pycryptodome_aes(key=KEY)
+    wrapped = C.wrap(enc)
+    assert isinstance(wrapped, EncryptedSerializer)
+    assert isinstance(wrapped.serde, CompressingSerializer)
+    assert wrapped.cipher is enc.cipher
+    assert enc.serde.__class__ is JsonPlusSerializer  # the user's object is not modified
+    assert C.wrap(wrapped) is wrapped
+    plain = C.wrap(JsonPlusSerializer())
+    assert isinstance(plain, CompressingSerializer) and C.wrap(plain) is plain
+
+
+def test_concurrent_threads_round_trip() -> None:
+    serde = CompressingSerializer(threshold=64)
+    values = [{"i": i, "text": words(500 + i, seed=i)} for i in range(64)]
+    errors: list[BaseException] = []
+
+    def work(chunk: list[dict[str, Any]]) -> None:
+        try:
+            for _ in range(20):
+                for v in chunk:
+                    assert serde.loads_typed(serde.dumps_typed(v)) == v
+        except BaseException as e:  # reported below, in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(values[i::4],)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+# -- through KVSaver ----------------------------------------------------------------------
+
+
+def test_saver_compresses_channel_blobs_and_writes_by_default(tmp_path: Any) -> None:
+    with KVSaver(str(tmp_path / "s")) as saver:
+        big, small = words(3000), "hi"
+        cid = put(saver, "t", {"big": big, "small": small})
+        saver.put_writes(
+            {"configurable": {"thread_id": "t", "checkpoint_ns": "", "checkpoint_id": cid}},
+            [("big", big), ("small", small)],
+            task_id="task",
+        )
+        blobs = stored_blobs(saver)
+        assert blobs["big"][0] == "msgpack.zst"
+        assert blobs["small"][0] == "msgpack"
+        with saver.store.read() as txn:
+            writes = {
+                w.channel: w.value
+                for w in (S.decode_write(v) for _, v in txn.scan(*S.keyspace_range(S.WRITE)))
+            }
+        assert writes["big"][0] == "msgpack.zst" and writes["small"][0] == "msgpack"
+        t = saver.get_tuple({"configurable": {"thread_id": "t"}})
+        assert t is not None
+        assert t.checkpoint["channel_values"] == {"big": big, "small": small}
+        assert sorted(w[1:] for w in t.pending_writes or []) == [("big", big), ("small", small)]
+
+
+def test_incompressible_channel_value_is_stored_raw(tmp_path: Any) -> None:
+    with KVSaver(str(tmp_path / "s")) as saver:
+        noise = os.urandom(40_000)
+        put(saver, "t", {"noise": noise})
+        typ, data = stored_blobs(saver)["noise"]
+        assert typ == "bytes" and data == noise
+        assert latest_values(saver, "t") == {"noise": noise}
+
+
+def test_compressed_and_encrypted_round_trip(tmp_path: Any) -> None:
+    path = str(tmp_path / "s")
+    text = words(5000)
+    with KVSaver(path, serde=EncryptedSerializer.from_pycryptodome_aes(key=KEY)) as saver:
+        put(saver, "t", {"text": text})
+        typ, data = stored_blobs(saver)["text"]
+        plain_len = len(JsonPlusSerializer().dumps_typed(text)[1])
+        # compressed first (so it pays off), then encrypted: the suffix order says so
+        assert typ == "msgpack.zst+aes"
+        assert len(data) < plain_len // 3
+        assert text.encode() not in data
+    reopened = KVSaver(path, serde=EncryptedSerializer.from_pycryptodome_aes(key=KEY))
+    with reopened:
+        assert latest_values(reopened, "t") == {"text": text}
+
+
+def test_old_uncompressed_values_still_read_after_enabling_compression(tmp_path: Any) -> None:
+    path = str(tmp_path / "s")
+    old_text, new_text = words(3000, seed=1), words(3000, seed=2)
+    with KVSaver(path, compress=False) as saver:  # as a store written before compression
+        first = put(saver, "old", {"text": old_text})
+        assert stored_blobs(saver)["text"][0] == "msgpack"
+    with KVSaver(path) as saver:  # compression on (the default)
+        assert latest_values(saver, "old") == {"text": old_text}
+        put(saver, "new", {"text": new_text})
+        assert latest_values(saver, "new") == {"text": new_text}
+        t = saver.get_tuple({"configurable": {"thread_id": "old", "checkpoint_id": first}})
+        assert t is not None and t.checkpoint["channel_values"] == {"text": old_text}
+    with KVSaver(path, compress=False) as saver:  # and switching it off again reads both
+        assert latest_values(saver, "old") == {"text": old_text}
+        assert latest_values(saver, "new") == {"text": new_text}
+
+
+def test_compress_threshold_option(tmp_path: Any) -> None:
+    with KVSaver(str(tmp_path / "s"), compress_threshold=100_000) as saver:
+        put(saver, "t", {"text": words(3000)})
+        assert stored_blobs(saver)["text"][0] == "msgpack"
+
+
+# -- LangGraph's msgpack allowlist through the wrapper ---------------------------------------
+
+
+@dataclasses.dataclass
+class Custom:
+    name: str
+    n: int
+
+
+def _strict() -> JsonPlusSerializer:
+    # As with LANGGRAPH_STRICT_MSGPACK=true: only LangGraph's safe types load.
+    return JsonPlusSerializer(allowed_msgpack_modules=None)
+
+
+@pytest.mark.parametrize("encrypted", [False, True])
+def test_with_allowlist_reaches_the_serializer_inside(tmp_path: Any, encrypted: bool) -> None:
+    inner = _strict()
+    serde: Any = (
+        EncryptedSerializer(EncryptedSerializer.from_pycryptodome_aes(key=KEY).cipher, inner)
+        if encrypted
+        else inner
+    )
+    value = Custom("x" * 2000, 7)  # above the threshold: stored compressed
+    with KVSaver(str(tmp_path / "s"), serde=serde) as saver:
+        put(saver, "t", {"v": value})
+        assert stored_blobs(saver)["v"][0].startswith("msgpack.zst")
+        blocked = latest_values(saver, "t")["v"]
+        assert not isinstance(blocked, Custom)  # strict: not on the allowlist
+        allowed = saver.with_allowlist([(Custom.__module__, Custom.__name__)])
+        assert allowed is not saver and allowed.store is saver.store
+        assert latest_values(allowed, "t")["v"] == value
+        # the clone keeps compression (and encryption) in the same places
+        assert C._find(allowed.serde) is not None
+        assert isinstance(allowed.serde, EncryptedSerializer) == encrypted
+        # nothing new to allow: the same saver back
+        assert allowed.with_allowlist([(Custom.__module__, Custom.__name__)]) is allowed
+
+
+_STRICT_GRAPH = """
+import dataclasses
+from langchain_core.messages import AIMessage, HumanMessage
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+from langgraph.graph import END, START, MessagesState, StateGraph
+from saver import KVSaver
+
+@dataclasses.dataclass
+class Note:
+    text: str
+
+class State(MessagesState):
+    note: Note
+
+def node(state):
+    return {"messages": [AIMessage("hi " * 300)], "note": Note("n" * 1000)}
+
+for serde in (None, EncryptedSerializer.from_pycryptodome_aes(key=b"k" * 16)):
+    builder = StateGraph(State)
+    builder.add_node("n", node)
+    builder.add_edge(START, "n")
+    builder.add_edge("n", END)
+    graph = builder.compile(checkpointer=KVSaver(":memory:", serde=serde))
+    cfg = {"configurable": {"thread_id": "t"}}
+    graph.invoke({"messages": [HumanMessage("x" * 2000)]}, cfg)
+    values = graph.get_state(cfg).values
+    print(type(values["messages"][0]).__name__, type(values["note"]).__name__)
+"""
+
+
+def test_strict_msgpack_graph_allowlist_reaches_compressed_values() -> None:
+    """LANGGRAPH_STRICT_MSGPACK=true (read at import, hence a subprocess): the
+    graph derives an allowlist from its state schema and hands it to the
+    checkpointer; the state's own types must load back as themselves."""
+    env = {**os.environ, "LANGGRAPH_STRICT_MSGPACK": "true"}
+    out = subprocess.run(
+        [sys.executable, "-c", _STRICT_GRAPH], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["HumanMessage Note", "HumanMessage Note"]

@@ -1,0 +1,177 @@
+"""Look after a KVSaver store's size: stats, retention sweeps, compaction.
+
+    python -m tools.storage stats   DIR [--top N] [--json]
+    python -m tools.storage sweep   DIR [--keep-last N] [--ttl-minutes M]
+                                        [--strategy delete|keep_latest] [--incremental]
+                                        [--encrypted]
+    python -m tools.storage compact DIR
+
+``stats`` opens the store read-only (beside running writers) and prints bytes
+on disk and live, and the largest threads. ``sweep`` applies a retention
+policy now, one short write transaction per thread, so it can run beside a
+live application. ``compact`` rewrites an LMDB store into a dense new file
+(an LMDB file never shrinks by itself); it is offline and refuses while any
+process has the store open. A ``FileStore`` file (``--backend file``) is
+rewritten whole at every commit and never needs compacting.
+
+``--encrypted`` is for stores written with
+``EncryptedSerializer.from_pycryptodome_aes``: the key is read from
+``LANGGRAPH_AES_KEY``, as LangGraph does (a sweep decodes checkpoint
+metadata; stats and compaction never decode values).
+
+Long runs show a progress bar (tqdm) on a terminal. Exit status: 0 done,
+2 refused or failed (the message says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from kv import KVError
+from kv.lmdb_store import compact_lmdb
+from saver import KVSaver, Retention
+
+
+@contextmanager
+def progress_bar(desc: str, unit: str, enabled: bool) -> Iterator[Callable[[int, Any], None]]:
+    """A ``progress(done, total)`` callback drawing a tqdm bar on stderr (only
+    on a terminal; tqdm is an optional dependency: the ``tools`` extra)."""
+    bar: Any = None
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is in the tools and test extras
+        tqdm = None
+
+    def update(done: int, total: Any) -> None:
+        nonlocal bar
+        if tqdm is None or not enabled:
+            return
+        if bar is None:
+            bar = tqdm(total=total, desc=desc, unit=unit, disable=None, file=sys.stderr)
+        if total is not None and bar.total != total:
+            bar.total = total
+        bar.update(done - bar.n)
+
+    try:
+        yield update
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _open(args: argparse.Namespace, *, readonly: bool) -> KVSaver:
+    path = args.dir
+    backend = "file" if os.path.isfile(path) else args.backend
+    if backend == "lmdb" and not os.path.isfile(os.path.join(path, "data.mdb")):
+        raise ValueError(f"{path} is not a KVSaver store (no data.mdb)")
+    serde = None
+    if getattr(args, "encrypted", False):
+        from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+
+        serde = EncryptedSerializer.from_pycryptodome_aes()
+    return KVSaver(path, readonly=readonly, backend=backend, serde=serde)
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    with _open(args, readonly=True) as saver:
+        stats = saver.stats()
+    if args.json:
+        print(json.dumps(dataclasses.asdict(stats), indent=2))
+    else:
+        print(stats.format(top=args.top))
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    if args.keep_last is None and args.ttl_minutes is None:
+        return _fail("sweep needs --keep-last, --ttl-minutes or both")
+    retention = Retention(
+        keep_last=args.keep_last,
+        ttl_minutes=args.ttl_minutes,
+        strategy=args.strategy,
+        sweep_interval_minutes=None,
+    )
+    with _open(args, readonly=False) as saver:
+        with progress_bar("sweep", "thread", not args.quiet) as progress:
+            report = saver.sweep(retention, full=not args.incremental, progress=progress)
+        after = saver.stats()
+    print(
+        f"checked {report.threads_checked:,} threads: deleted {report.threads_deleted:,}, "
+        f"pruned {report.threads_pruned:,}, {report.checkpoints_deleted:,} checkpoints removed"
+    )
+    print(f"live bytes now {after.live_bytes:,}; on disk {after.disk_bytes:,}")
+    if after.disk_bytes > 2 * after.live_bytes and os.path.isdir(args.dir):
+        print(
+            f"the file keeps its size until compacted: python -m tools.storage compact {args.dir}"
+        )
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    if os.path.isfile(args.dir):
+        print(f"{args.dir} is a FileStore file: it is rewritten at every commit, nothing to do")
+        return 0
+    with progress_bar("compact", "record", not args.quiet) as progress:
+        result = compact_lmdb(args.dir, progress=progress)
+    saved = result.before - result.after
+    print(
+        f"compacted {args.dir}: {result.before:,} -> {result.after:,} bytes ({saved:,} bytes freed)"
+    )
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.storage", description=(__doc__ or "").split("\n\n")[0]
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help)
+        p.add_argument("dir", help="the store: a KVSaver directory (or a FileStore file)")
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
+        return p
+
+    p = add("stats", "bytes on disk and live, and the largest threads")
+    p.add_argument("--top", type=int, default=20, help="threads to list (default 20)")
+    p.add_argument("--json", action="store_true", help="everything, as JSON")
+    p.add_argument("--backend", choices=["lmdb", "file"], default="lmdb")
+    p.set_defaults(fn=cmd_stats)
+
+    p = add("sweep", "apply a retention policy now")
+    p.add_argument("--keep-last", type=int, help="checkpoints to keep per thread and namespace")
+    p.add_argument("--ttl-minutes", type=float, help="threads idle for longer are swept")
+    p.add_argument("--strategy", choices=["delete", "keep_latest"], default="delete")
+    p.add_argument(
+        "--incremental",
+        action="store_true",
+        help="only threads idle past the TTL or written since the last sweep",
+    )
+    p.add_argument("--encrypted", action="store_true", help="key from LANGGRAPH_AES_KEY")
+    p.add_argument("--backend", choices=["lmdb", "file"], default="lmdb")
+    p.set_defaults(fn=cmd_sweep)
+
+    p = add("compact", "rewrite an LMDB store without free space (offline)")
+    p.set_defaults(fn=cmd_compact)
+
+    args = parser.parse_args(argv)
+    try:
+        return int(args.fn(args))
+    except (KVError, ValueError, OSError) as e:
+        return _fail(str(e))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
