@@ -1,0 +1,763 @@
+"""KVSaver on its own: hostile ids, what put stores, ordering of checkpoints
+and writes, versions, DeltaChannel history and prune, list merging, and the
+async methods against the sync ones."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import pytest
+from langgraph.channels.delta import DeltaChannel
+from langgraph.checkpoint.base import WRITES_IDX_MAP, BaseCheckpointSaver, writes_sort_key
+from langgraph.checkpoint.base.id import uuid6
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.serde.types import ERROR, INTERRUPT, RESUME, SCHEDULED
+from langgraph.graph import END, START, StateGraph
+from saver_helpers import (
+    assert_indexes_consistent,
+    blob_keys,
+    config,
+    core_image,
+    keys_of,
+    make_checkpoint,
+    scan_all,
+    tuples,
+)
+from typing_extensions import TypedDict
+
+from kv.keys import unpack
+from saver import KVSaver
+from saver import schema as S
+
+BACKENDS = ["lmdb", "memory", "file"]
+
+
+def open_kv(backend: str, tmp_path: Path, **kwargs: Any) -> KVSaver:
+    if backend == "memory":
+        return KVSaver(":memory:", **kwargs)
+    if backend == "file":
+        tmp_path.mkdir(parents=True, exist_ok=True)  # FileStore does not create parents
+        return KVSaver(tmp_path / "store.kvs", backend="file", **kwargs)
+    return KVSaver(tmp_path / "lmdb", **kwargs)
+
+
+@pytest.fixture(params=BACKENDS)
+def kv(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KVSaver]:
+    saver = open_kv(request.param, tmp_path)
+    yield saver
+    saver.close()
+
+
+@pytest.fixture
+def mem() -> Iterator[KVSaver]:
+    saver = KVSaver(":memory:")
+    yield saver
+    saver.close()
+
+
+def ver(n: int) -> str:
+    return f"{n:032}.{0:016}"
+
+
+def ids(items: Any) -> list[str]:
+    return [t.config["configurable"]["checkpoint_id"] for t in items]
+
+
+# -- hostile ids ------------------------------------------------------------------
+
+LONG = "x" * 10_000
+HOSTILE_THREADS = [
+    "",
+    "a\x00b",
+    "a",
+    "a\x00",
+    "a\x00x",
+    "\x00",
+    "a\xff",
+    "🧵",
+    LONG,
+    LONG[:-1] + "y",  # same 24-byte prefix as LONG: the surrogate digest differs
+]
+LONG_NS = "ns:" + "n" * 10_000
+LONG_CID = "c" * 600
+LONG_CHANNEL = "ch" * 300
+
+
+def _fill(saver: KVSaver, thread: str) -> None:
+    tag = repr(thread)[:40]
+    for ns in ("", "child:1", LONG_NS):
+        v = {"who": ver(1), LONG_CHANNEL: ver(1)}
+        saver.put(
+            config(thread, ns),
+            make_checkpoint("1", {"who": [tag, ns[:8]], LONG_CHANNEL: tag}, v),
+            {"tag": tag},
+            v,
+        )
+        v2 = {**v, "who": ver(2)}
+        saver.put(
+            config(thread, ns, "1"),
+            make_checkpoint("2", {"who": [tag, ns[:8], 2], LONG_CHANNEL: tag}, v2),
+            {"tag": tag},
+            {"who": ver(2)},
+        )
+        saver.put_writes(
+            config(thread, ns, "2"), [(LONG_CHANNEL, tag), ("who", 1)], "t" * 600, "p" * 600
+        )
+    # A 600-character checkpoint id, alone in its namespace.
+    saver.put(
+        config(thread, "long-id"),
+        make_checkpoint(LONG_CID, {"who": tag}, {"who": 1}),
+        {},
+        {"who": 1},
+    )
+
+
+def _check(saver: KVSaver, thread: str) -> None:
+    tag = repr(thread)[:40]
+    for ns in ("", "child:1", LONG_NS):
+        latest = saver.get_tuple(config(thread, ns))
+        assert latest is not None, (thread[:20], ns[:20])
+        assert latest.config == config(thread, ns, "2")
+        assert latest.checkpoint["channel_values"] == {"who": [tag, ns[:8], 2], LONG_CHANNEL: tag}
+        assert latest.metadata["tag"] == tag
+        assert latest.parent_config == config(thread, ns, "1")
+        assert latest.pending_writes == [("t" * 600, LONG_CHANNEL, tag), ("t" * 600, "who", 1)]
+        first = saver.get_tuple(config(thread, ns, "1"))
+        assert first.checkpoint["channel_values"] == {"who": [tag, ns[:8]], LONG_CHANNEL: tag}
+        assert ids(saver.list(config(thread, ns))) == ["2", "1"]
+    long_one = saver.get_tuple(config(thread, "long-id", LONG_CID))
+    assert long_one.checkpoint["channel_values"] == {"who": tag}
+    assert (
+        saver.get_tuple(config(thread, "long-id")).config["configurable"]["checkpoint_id"]
+        == LONG_CID
+    )
+    everything = list(saver.list({"configurable": {"thread_id": thread}}))
+    assert len(everything) == 7
+    assert {t.config["configurable"]["thread_id"] for t in everything} == {thread}
+    assert {t.config["configurable"]["checkpoint_ns"] for t in everything} == {
+        "",
+        "child:1",
+        LONG_NS,
+        "long-id",
+    }
+
+
+def test_hostile_ids_never_collide(kv: KVSaver) -> None:
+    for thread in HOSTILE_THREADS:
+        _fill(kv, thread)
+    for key, _ in scan_all(kv.store):
+        assert len(key) < 511  # LMDB's limit; KeyTooLongError otherwise
+    for thread in HOSTILE_THREADS:
+        _check(kv, thread)
+    assert len(list(kv.list(None))) == 7 * len(HOSTILE_THREADS)
+    # Delete them one at a time: the rest stay whole.
+    remaining = list(HOSTILE_THREADS)
+    for thread in list(HOSTILE_THREADS):
+        kv.delete_thread(thread)
+        remaining.remove(thread)
+        assert kv.get_tuple(config(thread)) is None
+        assert list(kv.list({"configurable": {"thread_id": thread}})) == []
+        for other in remaining:
+            _check(kv, other)
+        assert len(list(kv.list(None))) == 7 * len(remaining)
+    assert core_image(kv) == []  # nothing left behind
+
+
+async def test_hostile_ids_async(kv: KVSaver) -> None:
+    for thread in ("", "a\x00", LONG):
+        v = {"c": ver(1)}
+        await kv.aput(
+            config(thread, LONG_NS), make_checkpoint(LONG_CID, {"c": thread[:3]}, v), {}, v
+        )
+        await kv.aput_writes(config(thread, LONG_NS, LONG_CID), [("c", 1)], "task")
+    for thread in ("", "a\x00", LONG):
+        t = await kv.aget_tuple(config(thread, LONG_NS))
+        assert t.checkpoint["channel_values"] == {"c": thread[:3]}
+        assert t.pending_writes == [("task", "c", 1)]
+    await kv.adelete_thread("a\x00")
+    assert await kv.aget_tuple(config("a\x00", LONG_NS)) is None
+    assert await kv.aget_tuple(config("", LONG_NS)) is not None
+    assert len([t async for t in kv.alist(None)]) == 2
+
+
+# -- what put stores ---------------------------------------------------------------
+
+
+def test_put_writes_blobs_only_for_new_versions(kv: KVSaver) -> None:
+    values = {"a": "A" * 100, "b": [1, 2, 3], "c": {"deep": True}}
+    v1 = {"a": ver(1), "b": ver(1), "c": ver(1)}
+    kv.put(config("t"), make_checkpoint("1", values, v1), {}, v1)
+    assert len(blob_keys(kv)) == 3
+    # Only "b" changed: one new blob, and the checkpoint still reads all three.
+    v2 = {**v1, "b": ver(2)}
+    kv.put(config("t", "", "1"), make_checkpoint("2", {**values, "b": [4]}, v2), {}, {"b": ver(2)})
+    keys = blob_keys(kv)
+    assert len(keys) == 4
+    assert sorted(k[3:] for k in keys) == [
+        ("a", ver(1)),
+        ("b", ver(1)),
+        ("b", ver(2)),
+        ("c", ver(1)),
+    ]
+    assert kv.get_tuple(config("t")).checkpoint["channel_values"] == {**values, "b": [4]}
+    assert kv.get_tuple(config("t", "", "1")).checkpoint["channel_values"] == values
+    # No new version at all: no blob at all.
+    kv.put(config("t", "", "2"), make_checkpoint("3", {**values, "b": [4]}, v2), {}, {})
+    assert len(blob_keys(kv)) == 4
+    # A channel in new_versions without a value gets the "empty" marker, and
+    # reads back as absent (as InMemorySaver's "empty" blobs do).
+    v4 = {**v2, "c": ver(2)}
+    kv.put(
+        config("t", "", "3"),
+        make_checkpoint("4", {"a": values["a"], "b": [4]}, v4),
+        {},
+        {"c": ver(2)},
+    )
+    with kv.store.read() as txn:
+        marker = S.decode_blob(txn.get(S.blob_key("t", "", "c", ver(2))))
+    assert marker is None
+    assert kv.get_tuple(config("t")).checkpoint["channel_values"] == {"a": values["a"], "b": [4]}
+    assert [unpack(k)[1:] for k, _ in scan_all(kv.store) if unpack(k)[0] == S.CHECKPOINT] == [
+        ("t", "", "1"),
+        ("t", "", "2"),
+        ("t", "", "3"),
+        ("t", "", "4"),
+    ]
+
+
+def test_latest_is_the_newest_checkpoint_id(kv: KVSaver) -> None:
+    made = [str(uuid6(clock_seq=i)) for i in range(5)]
+    assert made == sorted(made)
+    for cid in (made[3], made[0], made[4], made[1], made[2]):  # not in id order
+        kv.put(
+            config("t"),
+            make_checkpoint(cid, {"id": cid}, {"id": ver(int(cid == made[4]) + 1)}),
+            {},
+            {"id": ver(int(cid == made[4]) + 1)},
+        )
+    assert kv.get_tuple(config("t")).config["configurable"]["checkpoint_id"] == made[4]
+    assert ids(kv.list(config("t"))) == made[::-1]
+    kv.put(config("t"), make_checkpoint("0", {}, {}), {}, {})  # sorts first as text
+    assert kv.get_tuple(config("t")).config["configurable"]["checkpoint_id"] == made[4]
+
+
+def test_pending_writes_follow_writes_sort_key(kv: KVSaver) -> None:
+    kv.put(config("t"), make_checkpoint("1"), {}, {})
+    c = config("t", "", "1")
+    batches = [
+        ("task-b", "~__pregel_pull, z", [(f"ch{i}", i) for i in range(12)]),  # idx 10 > 2
+        ("task-a", "~__pregel_push, 0, 10", [("x", "a0"), ("y", "a1")]),
+        ("task-c", "~__pregel_push, 0, 2", [(ERROR, "e"), (INTERRUPT, "i")]),
+        ("task-0", "", [("x", "root"), (SCHEDULED, "s"), (RESUME, "r")]),
+        ("\x00", "~__pregel_pull, z", [("x", "nul")]),
+    ]
+    stored = []
+    for task_id, path, writes in batches:
+        kv.put_writes(c, writes, task_id, path)
+        for idx, (channel, value) in enumerate(writes):
+            stored.append(
+                (
+                    writes_sort_key(path, task_id, WRITES_IDX_MAP.get(channel, idx)),
+                    (task_id, channel, value),
+                )
+            )
+    want = [w for _, w in sorted(stored)]
+    assert kv.get_tuple(c).pending_writes == want
+    assert kv.get_tuple(config("t")).pending_writes == want
+    assert next(iter(kv.list(config("t")))).pending_writes == want
+    # Idx 10 and 11 after 9, never between 1 and 2.
+    b = [w[1] for w in want if w[0] == "task-b"]
+    assert b == [f"ch{i}" for i in range(12)]
+
+
+def test_retried_writes_are_ignored_and_special_ones_replace(kv: KVSaver) -> None:
+    kv.put(config("t"), make_checkpoint("1"), {}, {})
+    c = config("t", "", "1")
+    kv.put_writes(c, [("x", 1), ("y", 2)], "task")
+    kv.put_writes(c, [("x", 10), ("y", 20), ("z", 30)], "task")  # a retry
+    kv.put_writes(c, [(ERROR, "first")], "task")
+    kv.put_writes(c, [(ERROR, "second")], "task")
+    assert kv.get_tuple(c).pending_writes == [
+        ("task", ERROR, "second"),
+        ("task", "x", 1),
+        ("task", "y", 2),
+        ("task", "z", 30),
+    ]
+
+
+def test_get_next_version_sorts() -> None:
+    saver, ref = KVSaver(":memory:"), InMemorySaver()
+    current: Any = None
+    seen = []
+    for _ in range(1200):
+        nxt = saver.get_next_version(current, None)
+        assert isinstance(nxt, str)
+        assert nxt.split(".")[0] == ref.get_next_version(current, None).split(".")[0]
+        seen.append(nxt)
+        current = nxt
+    assert seen == sorted(seen)
+    assert len(set(seen)) == len(seen)
+    assert seen[0].startswith("0" * 31 + "1.")
+    assert saver.get_next_version(7, None).startswith("0" * 31 + "8.")
+    assert saver.get_next_version(ver(99), None) > ver(99)
+    assert saver.get_next_version(ver(99), None) < saver.get_next_version(ver(100), None)
+
+
+# -- DeltaChannel history --------------------------------------------------------------
+
+
+def _delta_ops(saver: Any) -> list[dict[str, Any]]:
+    """Checkpoints with "empty" delta blobs, snapshots, writes and a fork."""
+    put, pw = saver.put, saver.put_writes
+    v = {"d": ver(1), "x": ver(1)}
+    put(config("t"), make_checkpoint("01", {"d": ["seed"], "x": 0}, v), {}, v)
+    pw(config("t", "", "01"), [("d", ["w1"]), ("x", 1)], "t1", "~b")
+    pw(config("t", "", "01"), [("d", ["w2"])], "t2", "~a")
+    v = {**v, "d": ver(2), "x": ver(2)}
+    put(config("t", "", "01"), make_checkpoint("02", {"x": 1}, v), {}, {"d": ver(2), "x": ver(2)})
+    pw(config("t", "", "02"), [("d", ["w3"]), ("d", ["w3b"])], "t3", "")
+    v3 = {**v, "d": ver(3)}
+    put(config("t", "", "02"), make_checkpoint("03", {"x": 1}, v3), {}, {"d": ver(3)})
+    pw(config("t", "", "03"), [("d", ["w4"]), (ERROR, "nope")], "t4", "")
+    v4 = {**v3, "d": ver(4)}
+    put(config("t", "", "03"), make_checkpoint("04", {"x": 1, "d": None}, v4), {}, {"d": ver(4)})
+    pw(config("t", "", "04"), [("d", ["w5"])], "t5", "")
+    put(
+        config("t", "", "04"),
+        make_checkpoint("05", {"x": 1}, {**v4, "d": ver(5)}),
+        {},
+        {"d": ver(5)},
+    )
+    # A fork from 01, and a thread in another namespace with no seed at all.
+    vf = {"d": ver(6), "x": ver(1)}
+    put(config("t", "", "01"), make_checkpoint("06", {"x": 0}, vf), {}, {"d": ver(6)})
+    pw(config("t", "", "06"), [("d", ["f1"])], "tf", "")
+    put(
+        config("t", "", "06"),
+        make_checkpoint("07", {"x": 0}, {"d": ver(7), "x": ver(1)}),
+        {},
+        {"d": ver(7)},
+    )
+    vs = {"d": ver(1)}
+    put(config("t", "sub"), make_checkpoint("01", {}, vs), {}, vs)
+    pw(config("t", "sub", "01"), [("d", ["s1"])], "ts", "")
+    put(config("t", "sub", "01"), make_checkpoint("02", {}, {"d": ver(2)}), {}, {"d": ver(2)})
+    targets = [config("t", "", f"0{i}") for i in range(1, 8)]
+    return [
+        *targets,
+        config("t"),
+        config("t", "sub"),
+        config("t", "sub", "02"),
+        config("t", "", "99"),
+        config("nobody"),
+    ]
+
+
+def test_delta_channel_history_matches_inmemorysaver(kv: KVSaver) -> None:
+    ref = InMemorySaver()
+    targets = _delta_ops(kv)
+    assert _delta_ops(ref) == targets
+    channels = ["d", "x", "never"]
+    for target in targets:
+        got = kv.get_delta_channel_history(config=target, channels=channels)
+        assert got == ref.get_delta_channel_history(config=target, channels=channels), target
+        assert got == BaseCheckpointSaver.get_delta_channel_history(
+            kv, config=target, channels=channels
+        )
+    assert kv.get_delta_channel_history(config=config("t"), channels=[]) == {}
+    # Spot checks of the semantics, so a shared misreading would show too.
+    five = kv.get_delta_channel_history(config=config("t", "", "05"), channels=["d"])["d"]
+    assert five == {"seed": None, "writes": [("t5", "d", ["w5"])]}
+    three = kv.get_delta_channel_history(config=config("t", "", "03"), channels=["d"])["d"]
+    assert three["seed"] == ["seed"]
+    assert [w[2] for w in three["writes"]] == [["w2"], ["w1"], ["w3"], ["w3b"]]  # "~a" < "~b"
+    fork = kv.get_delta_channel_history(config=config("t", "", "07"), channels=["d"])["d"]
+    assert [w[2] for w in fork["writes"]] == [
+        ["w2"],
+        ["w1"],
+        ["f1"],
+    ]  # parent chain, not list order
+
+
+async def test_delta_channel_history_async(mem: KVSaver) -> None:
+    targets = _delta_ops(mem)
+    for target in targets:
+        assert await mem.aget_delta_channel_history(
+            config=target, channels=["d", "x"]
+        ) == mem.get_delta_channel_history(config=target, channels=["d", "x"])
+
+
+def _without_task_ids(history: Any) -> Any:
+    return {
+        ch: {**entry, "writes": [(c, v) for _, c, v in entry["writes"]]}
+        for ch, entry in history.items()
+    }
+
+
+def _concat(state: list[str], writes: Sequence[list[str]]) -> list[str]:
+    return state + [item for batch in writes for item in batch]
+
+
+class DeltaState(TypedDict):
+    log: Annotated[list[str], DeltaChannel(_concat, snapshot_frequency=4)]
+    count: Annotated[int, operator.add]
+
+
+def delta_graph(checkpointer: Any) -> Any:
+    builder = StateGraph(DeltaState)
+    builder.add_node("a", lambda s: {"log": [f"a{s['count']}"], "count": 1})
+    builder.add_node("b", lambda s: {"log": ["b"], "count": 1})
+    builder.add_edge(START, "a")
+    builder.add_edge("a", "b")
+    builder.add_edge("b", END)
+    return builder.compile(checkpointer=checkpointer)
+
+
+def test_delta_channel_graph_and_prune(kv: KVSaver) -> None:
+    ref = InMemorySaver()
+    graph, ref_graph = delta_graph(kv), delta_graph(ref)
+    t, copy = config("t"), config("copy")
+    for i in range(7):
+        for g in (graph, ref_graph):
+            g.invoke({"log": [f"in{i}"], "count": 0}, t)
+    state = graph.get_state(t)
+    assert state.values == ref_graph.get_state(t).values
+    assert len(state.values["log"]) == 21
+    # The history walk agrees, at every checkpoint, with LangGraph's generic
+    # walk over the same data (get_tuple + parent_config), and with
+    # InMemorySaver's walk over its own run (task ids differ between runs).
+    mine, theirs = list(kv.list(t)), list(ref.list(t))
+    assert len(mine) == len(theirs) > 10
+    for tup, ref_tup in zip(mine, theirs):
+        got = kv.get_delta_channel_history(config=tup.config, channels=["log", "count"])
+        generic = BaseCheckpointSaver.get_delta_channel_history(
+            kv, config=tup.config, channels=["log", "count"]
+        )
+        assert got == generic
+        want = ref.get_delta_channel_history(config=ref_tup.config, channels=["log", "count"])
+        assert _without_task_ids(got) == _without_task_ids(want)
+    latest_meta = kv.get_tuple(t).metadata
+    assert "log" in latest_meta["counters_since_delta_snapshot"]  # a real delta chain
+
+    kv.copy_thread("t", "copy")
+    before = len(list(kv.list(t)))
+    kv.prune(["t"], strategy="keep_latest")
+    kept = list(kv.list(t))
+    assert 1 < len(kept) < before  # the delta chain back to a snapshot, no more
+    assert len(list(kv.list(copy))) == before  # the copy is untouched
+    assert graph.get_state(t).values == graph.get_state(copy).values == state.values
+    # Blobs left are exactly those the kept checkpoints reference.
+    referenced = {(ch, v) for tup in kept for ch, v in tup.checkpoint["channel_versions"].items()}
+    stored = {(k[3], k[4]) for k in blob_keys(kv) if k[1] == "t"}
+    assert stored <= referenced
+    # Continue both the pruned thread and the unpruned copy (and the reference).
+    for i in range(7, 10):
+        for g, c in ((graph, t), (graph, copy), (ref_graph, t)):
+            g.invoke({"log": [f"in{i}"], "count": 0}, c)
+    final = graph.get_state(t).values
+    assert final == graph.get_state(copy).values == ref_graph.get_state(t).values
+    assert final["log"][-3:] == ["in9", "a18", "b"]
+    assert final["count"] == 20
+
+
+# -- prune and friends on plain threads ---------------------------------------------------
+
+
+def test_prune_keep_latest_and_delete(kv: KVSaver) -> None:
+    for ns in ("", "child:1"):
+        for i in range(1, 5):
+            v = {"a": ver(i), "b": ver(1)}
+            kv.put(
+                config("t", ns, f"{i - 1}" if i > 1 else None),
+                make_checkpoint(f"{i}", {"a": i, "b": "B"}, v),
+                {},
+                {"a": ver(i), "b": ver(1)} if i == 1 else {"a": ver(i)},
+            )
+            kv.put_writes(config("t", ns, f"{i}"), [("a", i)], f"task{i}")
+    kv.put(config("u"), make_checkpoint("1", {"z": 1}, {"z": 1}), {}, {"z": 1})
+    latest = {ns: kv.get_tuple(config("t", ns)) for ns in ("", "child:1")}
+    kv.prune(["t", "never-seen"])
+    for ns in ("", "child:1"):
+        assert ids(kv.list(config("t", ns))) == ["4"]
+        assert kv.get_tuple(config("t", ns)) == latest[ns]
+    assert sorted((k[2], k[3], k[4]) for k in blob_keys(kv) if k[1] == "t") == [
+        ("", "a", ver(4)),
+        ("", "b", ver(1)),
+        ("child:1", "a", ver(4)),
+        ("child:1", "b", ver(1)),
+    ]
+    assert len(keys_of(kv.store, S.WRITE)) == 2
+    kv.prune(["t"], strategy="delete")
+    assert list(kv.list(config("t"))) == []
+    assert kv.get_tuple(config("u")) is not None
+    assert {k[1] for k in blob_keys(kv)} == {"u"}
+
+
+def test_copy_thread_and_delete_for_runs(kv: KVSaver) -> None:
+    for i, run in enumerate(["r1", "r1", "r2"], start=1):
+        v = {"a": ver(i)}
+        parent = str(i - 1) if i > 1 else None
+        kv.put(config("src", "", parent), make_checkpoint(str(i), {"a": i}, v), {"run_id": run}, v)
+        kv.put_writes(config("src", "", str(i)), [("a", -i)], "task")
+    kv.copy_thread("src", "dst")
+    src, dst = tuples(kv.list(config("src"))), tuples(kv.list(config("dst")))
+    for item in src + dst:
+        for key in ("config", "parent_config"):
+            if item[key]:
+                item[key]["configurable"]["thread_id"] = "*"
+    assert src == dst
+    assert len(dst) == 3
+    kv.copy_thread("src", "src")  # a no-op
+    assert len(list(kv.list(config("src")))) == 3
+    kv.delete_for_runs(["r1"])
+    assert ids(kv.list(config("src"))) == ["3"] and ids(kv.list(config("dst"))) == ["3"]
+    # The run-2 checkpoint still reads (its own blob kept), its r1 blobs are gone.
+    assert kv.get_tuple(config("dst")).checkpoint["channel_values"] == {"a": 3}
+    assert sorted(k[3:] for k in blob_keys(kv) if k[1] == "src") == [("a", ver(3))]
+    kv.delete_for_runs(["r2", "unknown"])
+    assert list(kv.list(None)) == []
+
+
+# -- list ordering ------------------------------------------------------------------
+
+
+def test_list_none_orders_across_threads(kv: KVSaver) -> None:
+    made = [str(uuid6(clock_seq=i)) for i in range(40)]
+    threads = ["b", "a", "", "🧵", "a\x00"]
+    for i, cid in enumerate(made):
+        kv.put(
+            config(threads[i % 5], "" if i % 3 else "child:1"), make_checkpoint(cid), {"i": i}, {}
+        )
+    assert ids(kv.list(None)) == made[::-1]
+    assert ids(kv.list(None, limit=7)) == made[::-1][:7]
+    before = {"configurable": {"checkpoint_id": made[20]}}
+    assert ids(kv.list(None, before=before)) == made[:20][::-1]
+    assert ids(kv.list(None, before=before, limit=3)) == made[17:20][::-1]
+    assert ids(kv.list(None, filter={"i": 5})) == [made[5]]
+    assert list(kv.list(None, limit=0)) == []
+
+
+def test_list_thread_merges_namespaces_newest_first(kv: KVSaver) -> None:
+    namespaces = ["", "child:1", "child:1|grand:2", "z"]
+    made = [str(uuid6(clock_seq=i)) for i in range(90)]  # more than two list chunks
+    for i, cid in enumerate(made):
+        kv.put(config("t", namespaces[i % 4]), make_checkpoint(cid), {"ns": namespaces[i % 4]}, {})
+    kv.put(config("other"), make_checkpoint(made[-1]), {}, {})
+    got = list(kv.list({"configurable": {"thread_id": "t"}}))
+    assert ids(got) == made[::-1]
+    assert [t.config["configurable"]["checkpoint_ns"] for t in got] == [
+        namespaces[i % 4] for i in range(89, -1, -1)
+    ]
+    before = {"configurable": {"checkpoint_id": made[50]}}
+    assert (
+        ids(kv.list(config("t") | {"configurable": {"thread_id": "t"}}, before=before, limit=5))
+        == made[45:50][::-1]
+    )
+    assert ids(kv.list(config("t", "z"))) == made[3::4][::-1]
+    assert (
+        ids(kv.list({"configurable": {"thread_id": "t"}}, filter={"ns": "z"}, limit=4))
+        == made[3::4][::-1][:4]
+    )
+
+
+def test_list_same_id_in_many_namespaces_across_chunks(kv: KVSaver) -> None:
+    """Chunked reads resume below the last id returned; an id present in
+    several namespaces must come back once per namespace, never lost or doubled."""
+    made = [f"{i:04d}" for i in range(70)]
+    for cid in made:
+        for ns in ("", "a", "b"):
+            kv.put(config("t", ns), make_checkpoint(cid), {}, {})
+    got = [
+        (t.config["configurable"]["checkpoint_id"], t.config["configurable"]["checkpoint_ns"])
+        for t in kv.list({"configurable": {"thread_id": "t"}})
+    ]
+    assert len(got) == len(set(got)) == 210
+    assert [cid for cid, _ in got] == sorted((cid for cid, _ in got), reverse=True)
+    for cid in made:
+        kv.put(config(f"thread-{cid}"), make_checkpoint(cid), {}, {})
+    every = ids(kv.list(None))
+    assert len(every) == 280
+    assert every == sorted(every, reverse=True)
+
+
+# -- async methods behave like the sync ones ---------------------------------------------
+
+
+def _script_sync(s: KVSaver) -> list[Any]:
+    out: list[Any] = []
+    for i in range(1, 6):
+        v = {"a": ver(i)}
+        parent = str(i - 1) if i > 1 else None
+        out.append(
+            s.put(
+                config("t", "", parent),
+                make_checkpoint(str(i), {"a": i}, v),
+                {"run_id": f"r{i % 2}"},
+                v,
+            )
+        )
+        s.put_writes(config("t", "", str(i)), [("a", i), (ERROR, "e")], f"task{i}", "p")
+    out.append(tuples([s.get_tuple(config("t"))]))
+    out.append(tuples(s.list(config("t"), limit=3, filter={"run_id": "r1"})))
+    s.copy_thread("t", "u")
+    s.delete_for_runs(["r0"])
+    out.append(tuples(s.list(None)))
+    s.prune(["u"])
+    out.append(tuples(s.list(config("u"))))
+    s.delete_thread("t")
+    out.append(tuples(s.list(None)))
+    return out
+
+
+async def _script_async(s: KVSaver) -> list[Any]:
+    out: list[Any] = []
+    for i in range(1, 6):
+        v = {"a": ver(i)}
+        parent = str(i - 1) if i > 1 else None
+        out.append(
+            await s.aput(
+                config("t", "", parent),
+                make_checkpoint(str(i), {"a": i}, v),
+                {"run_id": f"r{i % 2}"},
+                v,
+            )
+        )
+        await s.aput_writes(config("t", "", str(i)), [("a", i), (ERROR, "e")], f"task{i}", "p")
+    out.append(tuples([await s.aget_tuple(config("t"))]))
+    out.append(tuples([t async for t in s.alist(config("t"), limit=3, filter={"run_id": "r1"})]))
+    await s.acopy_thread("t", "u")
+    await s.adelete_for_runs(["r0"])
+    out.append(tuples([t async for t in s.alist(None)]))
+    await s.aprune(["u"])
+    out.append(tuples([t async for t in s.alist(config("u"))]))
+    await s.adelete_thread("t")
+    out.append(tuples([t async for t in s.alist(None)]))
+    return out
+
+
+async def test_async_methods_match_sync(tmp_path: Path) -> None:
+    for backend in BACKENDS:
+        sync_saver = open_kv(backend, tmp_path / f"sync-{backend}")
+        async_saver = open_kv(backend, tmp_path / f"async-{backend}")
+        try:
+            want = _script_sync(sync_saver)
+            got = await _script_async(async_saver)
+            assert got == want, backend
+            assert core_image(async_saver) == core_image(sync_saver), backend
+            assert len(want[-2]) == 1 and len(want[-1]) == 1  # the script did something
+        finally:
+            sync_saver.close()
+            async_saver.close()
+
+
+async def test_alist_is_lazy_and_chunked(mem: KVSaver) -> None:
+    for i in range(100):
+        mem.put(config("t"), make_checkpoint(f"{i:03d}"), {}, {})
+    seen = []
+    async for t in mem.alist(config("t")):
+        seen.append(t.config["configurable"]["checkpoint_id"])
+        if len(seen) == 40:
+            break
+    assert seen == [f"{i:03d}" for i in range(99, 59, -1)]
+    assert [t async for t in mem.alist(config("t"), limit=2)] == list(
+        mem.list(config("t"), limit=2)
+    )
+
+
+def test_context_manager_closes_owned_store(tmp_path: Path) -> None:
+    with KVSaver(tmp_path / "cm") as saver:
+        saver.put(config("t"), make_checkpoint("1"), {}, {})
+    with KVSaver(tmp_path / "cm") as again:
+        assert again.get_tuple(config("t")).checkpoint["id"] == "1"
+
+
+def test_copy_thread_over_an_existing_checkpoint_keeps_indexes_right(kv: KVSaver) -> None:
+    """Regression: copy_thread overwrote a target checkpoint's record but kept
+    its old run and metadata index entries, so delete_for_runs([old run])
+    deleted the copy, which belongs to another run."""
+    kv.put(
+        config("dst"),
+        make_checkpoint("1", {"a": 1}, {"a": 1}),
+        {"run_id": "old", "tag": "old"},
+        {"a": 1},
+    )
+    kv.put(
+        config("src"),
+        make_checkpoint("1", {"a": 2}, {"a": 2}),
+        {"run_id": "new", "tag": "new"},
+        {"a": 2},
+    )
+    kv.copy_thread("src", "dst")
+    assert kv.get_tuple(config("dst")).metadata == {"run_id": "new", "tag": "new"}
+    assert_indexes_consistent(kv)
+    assert list(kv.list(None, filter={"tag": "old"})) == []
+    kv.delete_for_runs(["old"])
+    assert kv.get_tuple(config("dst")).checkpoint["channel_values"] == {"a": 2}
+    kv.delete_for_runs(["new"])
+    assert list(kv.list(None)) == []
+    assert_indexes_consistent(kv)
+
+
+def test_where_sqlitesaver_differs_kvsaver_follows_inmemorysaver() -> None:
+    """Deliberate differences from SqliteSaver, each as InMemorySaver does it:
+    a negative limit returns nothing (SQLite's LIMIT -1 means no limit), a
+    ``before`` without a checkpoint_id does not filter (SQLite compares with
+    NULL and returns nothing), and metadata need not be JSON (it goes through
+    the serializer; SqliteSaver's json.dumps rejects a datetime)."""
+    import datetime
+
+    savers = [KVSaver(":memory:"), InMemorySaver()]
+    results = []
+    for s in savers:
+        for i in range(3):
+            s.put(config("t"), make_checkpoint(str(i)), {}, {})
+        when = datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)
+        s.put(config("t"), make_checkpoint("9"), {"when": when}, {})
+        results.append(
+            (
+                list(s.list(None, limit=-1)),
+                ids(s.list(config("t"), before={"configurable": {}})),
+                s.get_tuple(config("t")).metadata,
+            )
+        )
+    assert results[0] == results[1]
+    assert results[0][0] == []
+    assert results[0][1] == ["9", "2", "1", "0"]
+
+
+async def test_concurrent_async_calls(kv: KVSaver) -> None:
+    """Many aput/aput_writes in flight at once (they share commits where the
+    store groups them) lose nothing and mix nothing up."""
+    import asyncio
+
+    async def one(i: int) -> None:
+        v = {"a": ver(i)}
+        c = await kv.aput(
+            config(f"t{i % 7}"),
+            make_checkpoint(f"{i:05d}", {"a": i}, v),
+            {"i": i, "run_id": f"r{i % 3}"},
+            v,
+        )
+        await kv.aput_writes(c, [("a", i), ("b", -i)], f"task{i}")
+
+    await asyncio.gather(*(one(i) for i in range(150)))
+    got = [t async for t in kv.alist(None)]
+    assert ids(got) == [f"{i:05d}" for i in range(149, -1, -1)]
+    for t in got:
+        i = t.metadata["i"]
+        assert t.config["configurable"]["thread_id"] == f"t{i % 7}"
+        assert t.checkpoint["channel_values"] == {"a": i}
+        assert t.pending_writes == [(f"task{i}", "a", i), (f"task{i}", "b", -i)]
+    await asyncio.gather(*(kv.adelete_thread(f"t{k}") for k in range(0, 7, 2)))
+    await kv.adelete_for_runs(["r1"])
+    await asyncio.gather(kv.acopy_thread("t1", "copy"), kv.aprune(["t3"]))
+    assert_indexes_consistent(kv)
+    left = [t.metadata["i"] for t in kv.list(None)]
+    # t1, t5 keep their r0/r2 checkpoints, "copy" has t1's, t3 keeps its latest.
+    t1 = [i for i in range(150) if i % 7 == 1 and i % 3 != 1]
+    t5 = [i for i in range(150) if i % 7 == 5 and i % 3 != 1]
+    t3 = max(i for i in range(150) if i % 7 == 3 and i % 3 != 1)
+    assert sorted(left) == sorted([*t1, *t1, *t5, t3])
