@@ -1,0 +1,134 @@
+"""Concurrency measurements shared by bench_concurrency.py (pytest and script).
+
+readers_writer(): 1 writer process + N reader processes on one store, for a
+fixed window. The writer keeps 100 threads going (round robin, one ``put`` of
+1-2 changed channels per op); each reader calls ``get_tuple`` (latest) on a
+random one of those threads. Throughput = operations / window, per role.
+Processes are spawned (fresh interpreters), open the store themselves
+(readers: ``KVSaver(path, readonly=True)``; SqliteSaver: their own
+connection), and start together at a barrier.
+
+threaded_put_writes(): T Python threads sharing one saver object, each writing
+``put_writes`` (3 writes) to its own thread id.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import sqlite3
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from _workloads import KV_LMDB, SQLITE, ThreadGen, close_saver, task_id, writes_for
+
+HOT_THREADS = 100
+HOT_DEPTH = 3  # checkpoints per thread written before the window opens
+
+
+def _open(name: str, workdir: str, readonly: bool) -> Any:
+    if name == KV_LMDB:
+        from saver import KVSaver
+
+        return KVSaver(os.path.join(workdir, "kv"), readonly=readonly)
+    if name == SQLITE:
+        from langgraph.checkpoint.sqlite import SqliteSaver
+
+        conn = sqlite3.connect(os.path.join(workdir, "cp.sqlite"), check_same_thread=False)
+        return SqliteSaver(conn)
+    raise ValueError(name)
+
+
+def _writer(name: str, workdir: str, ready: Any, barrier: Any, window: float, out: Any) -> None:
+    saver = _open(name, workdir, readonly=False)
+    gens = [ThreadGen(saver, f"hot-{i:03d}", msg_chars=300, window=20) for i in range(HOT_THREADS)]
+    for _ in range(HOT_DEPTH):
+        for g in gens:
+            a = g.next()
+            saver.put(a.config, a.checkpoint, a.metadata, a.new_versions)
+    # Generate the window's put arguments ahead, so the window times the saver.
+    pending = [g.next() for _ in range(30) for g in gens]
+    ready.set()
+    barrier.wait()
+    n = errors = 0
+    t0 = time.perf_counter()
+    deadline = t0 + window
+    while time.perf_counter() < deadline and n < len(pending):
+        a = pending[n]
+        try:
+            saver.put(a.config, a.checkpoint, a.metadata, a.new_versions)
+        except Exception:  # e.g. "database is locked": counted, not fatal
+            errors += 1
+        n += 1
+    out.put(("writer", n - errors, errors, time.perf_counter() - t0))
+    close_saver(saver)
+
+
+def _reader(
+    name: str, workdir: str, seed: int, ready: Any, barrier: Any, window: float, out: Any
+) -> None:
+    ready.wait()
+    saver = _open(name, workdir, readonly=True)
+    rnd = random.Random(seed)
+    configs = [
+        {"configurable": {"thread_id": f"hot-{i:03d}", "checkpoint_ns": ""}}
+        for i in range(HOT_THREADS)
+    ]
+    saver.get_tuple(configs[0])  # first use (SqliteSaver runs its setup here)
+    barrier.wait()
+    n = errors = 0
+    t0 = time.perf_counter()
+    deadline = t0 + window
+    while time.perf_counter() < deadline:
+        try:
+            if saver.get_tuple(rnd.choice(configs)) is None:
+                errors += 1
+        except Exception:
+            errors += 1
+        n += 1
+    out.put(("reader", n - errors, errors, time.perf_counter() - t0))
+    close_saver(saver)
+
+
+def readers_writer(name: str, workdir: str, readers: int = 3, window: float = 3.0) -> dict:
+    """Throughput of ``readers`` reader processes and one writer process."""
+    ctx = mp.get_context("spawn")
+    ready, out = ctx.Event(), ctx.Queue()
+    barrier = ctx.Barrier(readers + 1)
+    procs = [ctx.Process(target=_writer, args=(name, workdir, ready, barrier, window, out))]
+    procs += [
+        ctx.Process(target=_reader, args=(name, workdir, i, ready, barrier, window, out))
+        for i in range(readers)
+    ]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    w = next(r for r in results if r[0] == "writer")
+    rs = [r for r in results if r[0] == "reader"]
+    return {
+        "readers": readers,
+        "window_s": window,
+        "writes_per_s": w[1] / w[3],
+        "writer_errors": w[2],
+        "reads_per_s": sum(r[1] / r[3] for r in rs),
+        "reader_errors": sum(r[2] for r in rs),
+    }
+
+
+def threaded_put_writes(
+    saver: Any, pool: ThreadPoolExecutor, threads: int, per_thread: int, prefix: str
+) -> None:
+    """``threads`` threads at once, each ``per_thread`` put_writes to its own thread id."""
+
+    def one(k: int) -> None:
+        thread = f"{prefix}-{k}"
+        cfg = {"configurable": {"thread_id": thread, "checkpoint_ns": "", "checkpoint_id": thread}}
+        for i in range(per_thread):
+            saver.put_writes(cfg, writes_for(i), task_id(k * 100_000 + i))
+
+    for f in [pool.submit(one, k) for k in range(threads)]:
+        f.result()

@@ -1,0 +1,532 @@
+"""Shared pieces of the benchmark suites (issue #6): the savers under test, the
+fixed synthetic workload (checkpoint sequences, pending writes), the real
+StateGraph agent, store builders and the floor helpers.
+
+Everything here is deterministic except checkpoint ids (uuid6, as LangGraph
+makes them) and channel versions (each saver's own ``get_next_version``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Annotated, Any, TypedDict
+
+import lmdb
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.base.id import uuid6
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph.message import add_messages
+
+from kv import MemoryStore
+from saver import KVSaver
+
+# -- the savers under test ----------------------------------------------------------
+
+KV_LMDB = "kvsaver-lmdb"
+KV_MEM = "kvsaver-memory"
+SQLITE = "sqlite"
+INMEM = "inmemory"
+SAVERS = [KV_LMDB, KV_MEM, SQLITE, INMEM]
+DISK_SAVERS = [KV_LMDB, SQLITE]
+REFERENCE = SQLITE  # ratios in the report are "x SqliteSaver"
+
+
+def make_saver(name: str, workdir: str, **kv_options: Any) -> BaseCheckpointSaver:
+    """A fresh saver with the defaults a user gets. ``workdir`` must be a new,
+    empty directory for the on-disk savers."""
+    if name == KV_LMDB:
+        return KVSaver(os.path.join(workdir, "kv"), **kv_options)
+    if name == KV_MEM:
+        return KVSaver(":memory:")
+    if name == SQLITE:
+        conn = sqlite3.connect(os.path.join(workdir, "cp.sqlite"), check_same_thread=False)
+        return SqliteSaver(conn)
+    if name == INMEM:
+        return InMemorySaver()
+    raise ValueError(f"unknown saver {name!r}")
+
+
+def close_saver(saver: Any) -> None:
+    if isinstance(saver, KVSaver):
+        saver.close()
+    elif isinstance(saver, SqliteSaver):
+        saver.conn.close()
+
+
+def disk_bytes(path: str) -> int:
+    """Bytes of every file under ``path`` (a store directory or one file's directory)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            total += os.path.getsize(os.path.join(root, f))
+    return total
+
+
+# -- deterministic content ------------------------------------------------------------
+
+_WORDS = (
+    "state graph node edge channel version checkpoint thread message tool call result "
+    "search answer question user assistant context memory plan step retry value reduce "
+    "append update merge branch route stream token model prompt reply summary"
+).split()
+
+
+def text(chars: int, seed: int) -> str:
+    """About ``chars`` characters of words, the same for the same seed."""
+    rnd = random.Random(seed)
+    out: list[str] = []
+    n = 0
+    while n < chars:
+        w = rnd.choice(_WORDS)
+        out.append(w)
+        n += len(w) + 1
+    return " ".join(out)[:chars]
+
+
+def ts() -> str:
+    return datetime.now(timezone.utc).isoformat()
+
+
+# -- the synthetic thread: 10 channels, 1-2 changed per put, one a growing list ------
+
+CHANNELS = ["messages"] + [f"field{i}" for i in range(1, 10)]
+NODES = ["agent", "tools", "router"]
+
+
+def message(i: int, chars: int) -> dict[str, Any]:
+    return {
+        "role": "assistant" if i % 2 else "user",
+        "id": f"msg-{i:06d}",
+        "content": text(chars, i),
+    }
+
+
+@dataclass
+class PutArgs:
+    config: dict[str, Any]
+    checkpoint: dict[str, Any]
+    metadata: dict[str, Any]
+    new_versions: dict[str, Any]
+
+
+@dataclass
+class ThreadGen:
+    """Generates ``put`` arguments for one thread, as a graph would produce them.
+
+    The first checkpoint (source "input") sets all 10 channels; each later one
+    appends a message to ``messages`` (the growing list) and, every other step,
+    also changes one of the nine other channels: 1-2 changed channels per put,
+    and ``new_versions`` names exactly those. ``window`` caps the list (a
+    trimming agent) so long threads stay a realistic size.
+    """
+
+    saver: BaseCheckpointSaver
+    thread_id: str
+    msg_chars: int = 300
+    field_chars: int = 200
+    window: int | None = None
+    tag: str | None = None
+    step: int = -1
+    parent_id: str | None = None
+    values: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=dict)
+    seen: dict[str, dict[str, Any]] = field(default_factory=dict)
+    n_msgs: int = 0
+
+    def _bump(self, ch: str) -> Any:
+        v = self.saver.get_next_version(self.versions.get(ch), None)
+        self.versions[ch] = v
+        return v
+
+    def next(self) -> PutArgs:
+        if self.step == -1:
+            changed = list(CHANNELS)
+            self.values["messages"] = [message(0, self.msg_chars)]
+            self.n_msgs = 1
+            for i, ch in enumerate(CHANNELS[1:], 1):
+                self.values[ch] = {"name": ch, "text": text(self.field_chars, 1000 + i), "n": 0}
+            source = "input"
+        else:
+            changed = ["messages"]
+            msgs = [*self.values["messages"], message(self.n_msgs, self.msg_chars)]
+            self.n_msgs += 1
+            if self.window is not None and len(msgs) > self.window:
+                msgs = msgs[-self.window :]
+            self.values["messages"] = msgs
+            if self.step % 2 == 0:
+                ch = CHANNELS[1 + (self.step // 2) % 9]
+                old = self.values[ch]
+                self.values[ch] = {
+                    "name": ch,
+                    "text": text(self.field_chars, 2000 + self.step),
+                    "n": old["n"] + 1,
+                }
+                changed.append(ch)
+            source = "loop"
+        new_versions = {ch: self._bump(ch) for ch in changed}
+        node = NODES[(self.step + 1) % len(NODES)]
+        self.seen[node] = {ch: self.versions[ch] for ch in CHANNELS[:4]}
+        checkpoint = {
+            "v": 2,
+            "id": str(uuid6(clock_seq=self.step)),
+            "ts": ts(),
+            "channel_values": dict(self.values),
+            "channel_versions": dict(self.versions),
+            "versions_seen": {k: dict(v) for k, v in self.seen.items()},
+            "pending_sends": [],
+            "updated_channels": changed,
+        }
+        metadata: dict[str, Any] = {"source": source, "step": self.step, "parents": {}}
+        if self.tag is not None:
+            metadata["tag"] = self.tag
+        conf: dict[str, Any] = {"thread_id": self.thread_id, "checkpoint_ns": ""}
+        if self.parent_id is not None:
+            conf["checkpoint_id"] = self.parent_id
+        args = PutArgs({"configurable": conf}, checkpoint, metadata, new_versions)
+        self.parent_id = checkpoint["id"]
+        self.step += 1
+        return args
+
+    def config(self, checkpoint_id: str | None = None) -> dict[str, Any]:
+        """The config naming checkpoint_id (default: the last one generated)."""
+        return {
+            "configurable": {
+                "thread_id": self.thread_id,
+                "checkpoint_ns": "",
+                "checkpoint_id": checkpoint_id or self.parent_id,
+            }
+        }
+
+
+def writes_for(step: int, chars: int = 300) -> list[tuple[str, Any]]:
+    """The 3 pending writes of one task: a message, a field update, a branch trigger."""
+    return [
+        ("messages", [message(10_000 + step, chars)]),
+        ("field3", {"name": "field3", "text": text(chars // 2, 3000 + step), "n": step}),
+        ("branch:to:agent", None),
+    ]
+
+
+def task_id(i: int) -> str:
+    return f"00000000-0000-4000-8000-{i:012d}"
+
+
+def run_puts(saver: BaseCheckpointSaver, ops: list[PutArgs]) -> None:
+    for a in ops:
+        saver.put(a.config, a.checkpoint, a.metadata, a.new_versions)
+
+
+# -- the read store: 1,000 threads, one of them with 1,000 checkpoints ---------------
+
+BIG_THREAD = "thread-big"
+N_THREADS = 1_000
+SMALL_CHECKPOINTS = 3
+BIG_CHECKPOINTS = 1_000
+N_TAGS = 200  # tag of thread i is "tag-{i % 200}"; a tag + source=input matches 5
+
+
+@dataclass
+class ReadStore:
+    name: str
+    saver: BaseCheckpointSaver
+    big_latest: dict[str, Any]  # config of the big thread, no checkpoint_id
+    big_by_id: dict[str, Any]  # config naming its 500th checkpoint
+    filter_tag: str
+    filter_matches: int
+    build_seconds: float
+    checkpoints: int
+
+
+def populate(saver: BaseCheckpointSaver, *, tag_threads: bool = True) -> tuple[dict, dict, int]:
+    """Write the read store through the saver's own ``put``/``put_writes``."""
+    n = 0
+    for i in range(N_THREADS - 1):
+        gen = ThreadGen(
+            saver,
+            f"thread-{i:04d}",
+            msg_chars=200,
+            field_chars=100,
+            window=20,
+            tag=f"tag-{i % N_TAGS}" if tag_threads else None,
+        )
+        for _ in range(SMALL_CHECKPOINTS):
+            a = gen.next()
+            saver.put(a.config, a.checkpoint, a.metadata, a.new_versions)
+            n += 1
+    gen = ThreadGen(saver, BIG_THREAD, window=20, tag="tag-big")
+    by_id = None
+    for j in range(BIG_CHECKPOINTS):
+        a = gen.next()
+        saver.put(a.config, a.checkpoint, a.metadata, a.new_versions)
+        n += 1
+        if j < BIG_CHECKPOINTS - 1:  # pending writes on every checkpoint but the last
+            saver.put_writes(gen.config(), writes_for(j), task_id(j))
+        if j == BIG_CHECKPOINTS // 2:
+            by_id = gen.config()
+    latest = {"configurable": {"thread_id": BIG_THREAD, "checkpoint_ns": ""}}
+    assert by_id is not None
+    return latest, by_id, n
+
+
+def build_read_store(name: str, workdir: str) -> ReadStore:
+    """Build fast (no fsync while building), then reopen with the defaults."""
+    t0 = time.perf_counter()
+    if name == KV_LMDB:
+        builder = make_saver(name, workdir, durability="none")
+        latest, by_id, n = populate(builder)
+        builder.store.sync()  # type: ignore[attr-defined]
+        close_saver(builder)
+        saver = make_saver(name, workdir)
+    elif name == SQLITE:
+        builder = make_saver(name, workdir)
+        builder.setup()  # type: ignore[attr-defined]
+        builder.conn.execute("PRAGMA synchronous=OFF")  # type: ignore[attr-defined]
+        latest, by_id, n = populate(builder)
+        close_saver(builder)
+        saver = make_saver(name, workdir)
+    else:
+        saver = make_saver(name, workdir)
+        latest, by_id, n = populate(saver)
+    tag = "tag-7"
+    matches = len(list(saver.list(None, filter={"source": "input", "tag": tag})))
+    assert matches == sum(1 for i in range(N_THREADS - 1) if i % N_TAGS == 7), matches
+    return ReadStore(name, saver, latest, by_id, tag, matches, time.perf_counter() - t0, n)
+
+
+# -- floors: serialization alone, and a raw py-lmdb commit of the same bytes ---------
+
+
+class RecordingStore:
+    """A ``kv.Store`` (a MemoryStore underneath) that remembers every key/value
+    its write transactions put. A KVSaver over it yields the exact bytes
+    ``put``/``put_writes`` write, whatever the schema module does today.
+    Whatever else the Store protocol grows is forwarded to the MemoryStore."""
+
+    readonly = False
+
+    def __init__(self) -> None:
+        self.inner = MemoryStore()
+        self.puts: list[tuple[bytes, bytes]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def read(self) -> Any:
+        return self.inner.read()
+
+    @contextmanager
+    def write(self) -> Iterator[Any]:
+        with self.inner.write() as txn:
+            yield _RecordingTxn(txn, self.puts)
+
+    def transact(self, fn: Callable[[Any], Any]) -> Any:
+        done: list[tuple[bytes, bytes]] = []
+
+        def run(txn: Any) -> Any:
+            done.clear()  # fn may be rerun: keep the last run's puts
+            return fn(_RecordingTxn(txn, done))
+
+        result = self.inner.transact(run)
+        self.puts.extend(done)
+        return result
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __enter__(self) -> RecordingStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def take(self) -> list[tuple[bytes, bytes]]:
+        out, self.puts = self.puts, []
+        return out
+
+
+class _RecordingTxn:
+    def __init__(self, txn: Any, puts: list[tuple[bytes, bytes]]) -> None:
+        self._txn = txn
+        self._puts = puts
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._puts.append((bytes(key), bytes(value)))
+        self._txn.put(key, value)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._txn, name)
+
+
+class Recorder:
+    """The (key, value) pairs KVSaver writes for a put / put_writes call."""
+
+    def __init__(self) -> None:
+        self.store = RecordingStore()
+        self.saver = KVSaver(self.store)  # type: ignore[arg-type]
+        self.store.take()  # the schema record
+
+    def put(self, a: PutArgs) -> list[tuple[bytes, bytes]]:
+        self.saver.put(a.config, a.checkpoint, a.metadata, a.new_versions)
+        return self.store.take()
+
+    def put_writes(self, cfg: dict, writes: list, tid: str) -> list[tuple[bytes, bytes]]:
+        self.saver.put_writes(cfg, writes, tid)
+        return self.store.take()
+
+
+def serialize_put(serde: Any, a: PutArgs) -> None:
+    """What any put must do at least: dumps_typed of the changed channel values,
+    of the checkpoint without values, and of the metadata."""
+    values = a.checkpoint["channel_values"]
+    for ch in a.new_versions:
+        serde.dumps_typed(values[ch])
+    cp = {k: v for k, v in a.checkpoint.items() if k != "channel_values"}
+    serde.dumps_typed(cp)
+    serde.dumps_typed(a.metadata)
+
+
+def raw_lmdb(path: str) -> lmdb.Environment:
+    """A py-lmdb environment with exactly KVSaver's settings (durability "full")."""
+    os.makedirs(path, exist_ok=True)
+    return lmdb.open(
+        path,
+        map_size=64 << 20,
+        subdir=True,
+        max_readers=256,
+        max_dbs=0,
+        max_spare_txns=0,
+        readahead=False,
+        lock=True,
+        sync=True,
+        metasync=True,
+    )
+
+
+def raw_commit(env: lmdb.Environment, pairs: list[tuple[bytes, bytes]]) -> None:
+    with env.begin(write=True) as txn:
+        for k, v in pairs:
+            txn.put(k, v)
+
+
+# -- the real StateGraph agent ----------------------------------------------------------
+
+
+class AgentState(TypedDict):
+    messages: Annotated[list, add_messages]
+    turns: int
+    max_turns: int
+
+
+def build_agent(checkpointer: BaseCheckpointSaver | None, chars: int = 300) -> Any:
+    """agent -> tools -> agent ... until ``max_turns`` agent turns, then END.
+    Each node appends one message of ``chars`` characters (no model, no I/O)."""
+    from langchain_core.messages import AIMessage, ToolMessage
+    from langgraph.graph import END, START, StateGraph
+
+    def agent(state: AgentState) -> dict[str, Any]:
+        n = len(state["messages"])
+        turns = state.get("turns", 0) + 1
+        done = turns >= state["max_turns"]
+        calls = [] if done else [{"name": "search", "args": {"q": text(40, n)}, "id": f"call-{n}"}]
+        return {
+            "messages": [AIMessage(content=text(chars, n), tool_calls=calls)],
+            "turns": turns,
+        }
+
+    def tools(state: AgentState) -> dict[str, Any]:
+        n = len(state["messages"])
+        call_id = state["messages"][-1].tool_calls[0]["id"]
+        return {"messages": [ToolMessage(content=text(chars, 7 * n), tool_call_id=call_id)]}
+
+    def route(state: AgentState) -> str:
+        return END if state["turns"] >= state["max_turns"] else "tools"
+
+    g = StateGraph(AgentState)
+    g.add_node("agent", agent)
+    g.add_node("tools", tools)
+    g.add_edge(START, "agent")
+    g.add_conditional_edges("agent", route, ["tools", END])
+    g.add_edge("tools", "agent")
+    return g.compile(checkpointer=checkpointer)
+
+
+def human(i: int, chars: int = 300) -> Any:
+    from langchain_core.messages import HumanMessage
+
+    return HumanMessage(content=text(chars, 50_000 + i))
+
+
+GRAPH_THREADS = 20
+LOOP_TURNS = 30  # graph A: one invoke per thread, 30 agent turns (~60 supersteps)
+INVOKES = 10  # graph B: 10 invokes per thread, 2 agent turns each, state reloaded
+INVOKE_TURNS = 2
+
+
+def run_loop(
+    graph: Any, prefix: str, with_checkpointer: bool, threads: int = GRAPH_THREADS
+) -> None:
+    """Graph A: 20 threads x one invoke of a 30-turn agent loop."""
+    for t in range(threads):
+        cfg: dict[str, Any] = {"recursion_limit": 4 * LOOP_TURNS + 10}
+        if with_checkpointer:
+            cfg["configurable"] = {"thread_id": f"{prefix}-{t}"}
+        graph.invoke({"messages": [human(t)], "turns": 0, "max_turns": LOOP_TURNS}, cfg)
+
+
+def run_invokes(
+    graph: Any, prefix: str, with_checkpointer: bool, threads: int = GRAPH_THREADS
+) -> None:
+    """Graph B: 20 threads x 10 invokes; with a checkpointer each invoke reloads
+    the thread's latest checkpoint. Without one the caller carries the
+    messages itself, so the graph does the same channel work."""
+    for t in range(threads):
+        carried: list[Any] = []
+        for i in range(INVOKES):
+            msg = human(100 * t + i)
+            if with_checkpointer:
+                cfg = {"configurable": {"thread_id": f"{prefix}-{t}"}}
+                graph.invoke({"messages": [msg], "turns": 0, "max_turns": INVOKE_TURNS}, cfg)
+            else:
+                out = graph.invoke(
+                    {"messages": [*carried, msg], "turns": 0, "max_turns": INVOKE_TURNS}
+                )
+                carried = out["messages"]
+
+
+def count_checkpoints(saver: BaseCheckpointSaver, prefix: str) -> int:
+    return sum(
+        len(list(saver.list({"configurable": {"thread_id": f"{prefix}-{t}"}})))
+        for t in range(GRAPH_THREADS)
+    )
+
+
+def label(benchmark: Any, group: str, row: str, ops_per_call: int) -> None:
+    """Name a result for bench/report.py: its workload (group), its row (the
+    saver, or a floor), and how many operations one timed call performs."""
+    benchmark.group = group
+    benchmark.extra_info.update(row=row, ops_per_call=ops_per_call)
+
+
+def median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def chunks(seq: list[Any], n: int) -> Iterator[list[Any]]:
+    for i in range(0, len(seq), n):
+        yield seq[i : i + n]

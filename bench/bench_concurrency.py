@@ -1,0 +1,123 @@
+"""Concurrency: KVSaver (LMDB, durability "full") against SqliteSaver (issue #6).
+
+concurrency:8_writers      8 Python threads sharing one saver, each doing 25
+                           put_writes (3 writes) to its own thread id: 200 ops
+                           per round; throughput = 200 / median round time.
+                           Each round's setup also times the same 200 ops from
+                           one thread (extra_info: single_thread_ops_per_s).
+concurrency:3r1w           3 reader processes (get_tuple latest) + 1 writer
+                           process (put) on one store for a 3 s window, then
+                           the writer alone; extra_info holds the throughputs.
+
+As a script, ``python bench/bench_concurrency.py`` prints both as a table.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _concurrency import readers_writer, threaded_put_writes
+from _workloads import DISK_SAVERS, close_saver, label, make_saver, median
+
+WRITER_THREADS = 8
+PER_THREAD = 25
+WINDOW = 3.0
+
+
+@pytest.mark.parametrize("name", DISK_SAVERS)
+def test_8_writers(benchmark: Any, name: str, tmp_path: Any) -> None:
+    saver = make_saver(name, str(tmp_path))
+    pool = ThreadPoolExecutor(WRITER_THREADS)
+    single: list[float] = []
+    counter = itertools.count()
+
+    def setup() -> tuple[tuple[Any, ...], dict]:
+        r = next(counter)
+        t0 = time.perf_counter()
+        threaded_put_writes(saver, pool, 1, WRITER_THREADS * PER_THREAD, f"one-{r}")
+        single.append(time.perf_counter() - t0)
+        return (saver, pool, WRITER_THREADS, PER_THREAD, f"eight-{r}"), {}
+
+    label(benchmark, "concurrency:8_writers", name, WRITER_THREADS * PER_THREAD)
+    benchmark.pedantic(threaded_put_writes, setup=setup, rounds=5, warmup_rounds=1)
+    ops = WRITER_THREADS * PER_THREAD
+    if benchmark.stats is not None:  # None under --benchmark-disable (a smoke run)
+        benchmark.extra_info.update(
+            threads=WRITER_THREADS,
+            ops_per_s=round(ops / benchmark.stats.stats.median, 1),
+            single_thread_ops_per_s=round(ops / median(single[1:]), 1),
+        )
+    pool.shutdown()
+    close_saver(saver)
+
+
+@pytest.mark.parametrize("name", DISK_SAVERS)
+def test_readers_writer(benchmark: Any, name: str, tmp_path: Any) -> None:
+    """One round: the timed call is the whole 3-readers+1-writer run (spawn
+    included); the numbers that matter are the throughputs in extra_info."""
+    os.makedirs(tmp_path / "mixed")
+    os.makedirs(tmp_path / "alone")
+    label(benchmark, "concurrency:3r1w", name, 1)
+    mixed = benchmark.pedantic(
+        readers_writer, args=(name, str(tmp_path / "mixed"), 3, WINDOW), rounds=1
+    )
+    alone = readers_writer(name, str(tmp_path / "alone"), 0, WINDOW)
+    benchmark.extra_info.update(
+        reads_per_s=round(mixed["reads_per_s"], 1),
+        writes_per_s=round(mixed["writes_per_s"], 1),
+        writes_per_s_alone=round(alone["writes_per_s"], 1),
+        writer_kept=round(mixed["writes_per_s"] / alone["writes_per_s"], 3),
+        reader_errors=mixed["reader_errors"],
+        writer_errors=mixed["writer_errors"],
+        window_s=WINDOW,
+    )
+
+
+def main() -> None:
+    rows = []
+    for name in DISK_SAVERS:
+        with tempfile.TemporaryDirectory() as d:
+            os.makedirs(os.path.join(d, "mixed"))
+            os.makedirs(os.path.join(d, "alone"))
+            mixed = readers_writer(name, os.path.join(d, "mixed"), 3, WINDOW)
+            alone = readers_writer(name, os.path.join(d, "alone"), 0, WINDOW)
+            saver = make_saver(name, d)
+            pool = ThreadPoolExecutor(WRITER_THREADS)
+            times = []
+            for r in range(4):
+                t0 = time.perf_counter()
+                threaded_put_writes(saver, pool, WRITER_THREADS, PER_THREAD, f"eight-{r}")
+                times.append(time.perf_counter() - t0)
+            pool.shutdown()
+            close_saver(saver)
+        rows.append(
+            (
+                name,
+                mixed["reads_per_s"],
+                mixed["writes_per_s"],
+                alone["writes_per_s"],
+                WRITER_THREADS * PER_THREAD / median(times[1:]),
+                mixed["reader_errors"] + mixed["writer_errors"],
+            )
+        )
+    print(
+        "| saver | 3 readers: reads/s | 1 writer beside them: puts/s | writer alone: puts/s "
+        "| 8 writer threads: put_writes/s | errors |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, reads, writes, alone_w, eight, errs in rows:
+        print(f"| {name} | {reads:,.0f} | {writes:,.0f} | {alone_w:,.0f} | {eight:,.0f} | {errs} |")
+
+
+if __name__ == "__main__":
+    main()

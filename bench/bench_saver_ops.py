@@ -1,0 +1,247 @@
+"""Single-operation workloads, every saver side by side (issue #6).
+
+Groups (one per workload; rows are savers; medians per operation):
+  put, put_writes                 50 calls per round on a fresh thread, plus the
+                                  floors (serialization alone; a raw py-lmdb
+                                  commit of the same bytes, same env settings)
+  get_tuple:latest / :by_id       on a store of 1,000 threads, one of them with
+                                  1,000 checkpoints (built once per saver)
+  list:limit10 / :thread1000 / :filter_global
+  delete_thread                   a 50-checkpoint thread, inserted untimed per round
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+from typing import Any
+
+import pytest
+from _workloads import (
+    SAVERS,
+    PutArgs,
+    ReadStore,
+    Recorder,
+    ThreadGen,
+    build_read_store,
+    close_saver,
+    label,
+    make_saver,
+    raw_commit,
+    raw_lmdb,
+    run_puts,
+    serialize_put,
+    task_id,
+    writes_for,
+)
+
+from saver import KVSaver
+
+PUTS_PER_ROUND = 50
+WRITES_PER_ROUND = 50
+_ids = itertools.count()
+
+
+def _fresh(prefix: str) -> str:
+    return f"{prefix}-{next(_ids):05d}"
+
+
+def _ops(saver: Any, n: int = PUTS_PER_ROUND) -> list[PutArgs]:
+    gen = ThreadGen(saver, _fresh("put"))
+    return [gen.next() for _ in range(n)]
+
+
+@pytest.fixture
+def fresh(request: pytest.FixtureRequest, tmp_path: Any) -> Any:
+    saver = make_saver(request.param, str(tmp_path))
+    yield request.param, saver
+    close_saver(saver)
+
+
+# -- put ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fresh", SAVERS, indirect=True)
+def test_put(benchmark: Any, fresh: Any) -> None:
+    name, saver = fresh
+    label(benchmark, "put", name, PUTS_PER_ROUND)
+    benchmark.pedantic(
+        run_puts, setup=lambda: ((saver, _ops(saver)), {}), rounds=15, warmup_rounds=2
+    )
+
+
+def test_put_floor_serialize(benchmark: Any) -> None:
+    """dumps_typed of the changed channel values + checkpoint + metadata."""
+    saver = KVSaver(":memory:")
+    serde = saver.serde
+
+    def run(ops: list[PutArgs]) -> None:
+        for a in ops:
+            serialize_put(serde, a)
+
+    label(benchmark, "put", "floor:serialize", PUTS_PER_ROUND)
+    benchmark.pedantic(run, setup=lambda: ((_ops(saver),), {}), rounds=15, warmup_rounds=2)
+
+
+def test_put_floor_lmdb_commit(benchmark: Any, tmp_path: Any) -> None:
+    """One raw py-lmdb write transaction per put, of the very bytes KVSaver writes."""
+    rec = Recorder()
+    env = raw_lmdb(str(tmp_path / "raw"))
+
+    def setup() -> tuple[tuple[Any, ...], dict]:
+        return ([rec.put(a) for a in _ops(rec.saver)],), {}
+
+    def run(batches: list[list[tuple[bytes, bytes]]]) -> None:
+        for pairs in batches:
+            raw_commit(env, pairs)
+
+    label(benchmark, "put", "floor:lmdb-commit", PUTS_PER_ROUND)
+    benchmark.pedantic(run, setup=setup, rounds=15, warmup_rounds=2)
+    env.close()
+
+
+# -- put_writes ---------------------------------------------------------------------
+
+
+def _writes_ops(n: int = WRITES_PER_ROUND) -> list[tuple[dict, list, str]]:
+    thread = _fresh("pw")
+    base = next(_ids) * 1000
+    cfg = {"configurable": {"thread_id": thread, "checkpoint_ns": "", "checkpoint_id": thread}}
+    return [(cfg, writes_for(i), task_id(base + i)) for i in range(n)]
+
+
+@pytest.mark.parametrize("fresh", SAVERS, indirect=True)
+def test_put_writes(benchmark: Any, fresh: Any) -> None:
+    name, saver = fresh
+
+    def run(ops: list[tuple[dict, list, str]]) -> None:
+        for cfg, writes, tid in ops:
+            saver.put_writes(cfg, writes, tid)
+
+    label(benchmark, "put_writes", name, WRITES_PER_ROUND)
+    benchmark.pedantic(run, setup=lambda: ((_writes_ops(),), {}), rounds=15, warmup_rounds=2)
+
+
+def test_put_writes_floor_serialize(benchmark: Any) -> None:
+    serde = KVSaver(":memory:").serde
+
+    def run(ops: list[tuple[dict, list, str]]) -> None:
+        for _, writes, _ in ops:
+            for _, value in writes:
+                serde.dumps_typed(value)
+
+    label(benchmark, "put_writes", "floor:serialize", WRITES_PER_ROUND)
+    benchmark.pedantic(run, setup=lambda: ((_writes_ops(),), {}), rounds=15, warmup_rounds=2)
+
+
+def test_put_writes_floor_lmdb_commit(benchmark: Any, tmp_path: Any) -> None:
+    rec = Recorder()
+    env = raw_lmdb(str(tmp_path / "raw"))
+
+    def run(batches: list[list[tuple[bytes, bytes]]]) -> None:
+        for pairs in batches:
+            raw_commit(env, pairs)
+
+    label(benchmark, "put_writes", "floor:lmdb-commit", WRITES_PER_ROUND)
+    benchmark.pedantic(
+        run,
+        setup=lambda: (([rec.put_writes(*op) for op in _writes_ops()],), {}),
+        rounds=15,
+        warmup_rounds=2,
+    )
+    env.close()
+
+
+# -- reads on the 1,000-thread store --------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=SAVERS)
+def store(request: pytest.FixtureRequest, tmp_path_factory: Any) -> Any:
+    workdir = str(tmp_path_factory.mktemp(request.param))
+    rs = build_read_store(request.param, workdir)
+    yield rs
+    close_saver(rs.saver)
+    shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _info(benchmark: Any, rs: ReadStore, group: str) -> None:
+    label(benchmark, group, rs.name, 1)
+    benchmark.extra_info.update(
+        store_checkpoints=rs.checkpoints, build_seconds=round(rs.build_seconds, 2)
+    )
+
+
+def test_get_tuple_latest(benchmark: Any, store: ReadStore) -> None:
+    _info(benchmark, store, "get_tuple:latest")
+    tup = benchmark.pedantic(
+        store.saver.get_tuple,
+        args=(store.big_latest,),
+        rounds=60,
+        iterations=10,
+        warmup_rounds=5,
+    )
+    assert tup is not None and tup.parent_config is not None
+
+
+def test_get_tuple_by_id(benchmark: Any, store: ReadStore) -> None:
+    _info(benchmark, store, "get_tuple:by_id")
+    tup = benchmark.pedantic(
+        store.saver.get_tuple,
+        args=(store.big_by_id,),
+        rounds=60,
+        iterations=10,
+        warmup_rounds=5,
+    )
+    assert tup is not None and len(tup.pending_writes) == 3
+
+
+def test_list_limit10(benchmark: Any, store: ReadStore) -> None:
+    _info(benchmark, store, "list:limit10")
+    out = benchmark.pedantic(
+        lambda: list(store.saver.list(store.big_latest, limit=10)),
+        rounds=40,
+        iterations=3,
+        warmup_rounds=3,
+    )
+    assert len(out) == 10
+
+
+def test_list_thread1000(benchmark: Any, store: ReadStore) -> None:
+    _info(benchmark, store, "list:thread1000")
+    out = benchmark.pedantic(
+        lambda: list(store.saver.list(store.big_latest)), rounds=5, warmup_rounds=1
+    )
+    assert len(out) == 1000
+
+
+def test_list_filter_global(benchmark: Any, store: ReadStore) -> None:
+    """config=None over ~4,000 checkpoints of 1,000 threads; matches 5."""
+    _info(benchmark, store, "list:filter_global")
+    flt = {"source": "input", "tag": store.filter_tag}
+    out = benchmark.pedantic(
+        lambda: list(store.saver.list(None, filter=flt)), rounds=15, warmup_rounds=2
+    )
+    assert len(out) == store.filter_matches
+    benchmark.extra_info["matches"] = len(out)
+
+
+DELETE_CHECKPOINTS = 50
+
+
+def test_delete_thread(benchmark: Any, store: ReadStore) -> None:
+    """Last in this module: inserts (untimed, through put/put_writes) and deletes
+    (timed) a 50-checkpoint thread in the 1,000-thread store, so the store
+    holds the same data afterwards."""
+    saver = store.saver
+
+    def setup() -> tuple[tuple[Any, ...], dict]:
+        gen = ThreadGen(saver, _fresh("del"), window=20)
+        for j in range(DELETE_CHECKPOINTS):
+            a = gen.next()
+            saver.put(a.config, a.checkpoint, a.metadata, a.new_versions)
+            saver.put_writes(gen.config(), writes_for(j), task_id(j))
+        return (gen.thread_id,), {}
+
+    _info(benchmark, store, "delete_thread")
+    benchmark.extra_info["thread_checkpoints"] = DELETE_CHECKPOINTS
+    benchmark.pedantic(saver.delete_thread, setup=setup, rounds=12, warmup_rounds=2)

@@ -1,0 +1,529 @@
+"""Turn a pytest-benchmark JSON file into bench/results/RESULTS.md (issue #6).
+
+    python bench/report.py            # read bench/results/latest.json
+    python bench/report.py --run      # run `pytest bench/ --benchmark-only` first
+    python bench/report.py --run -- -k graph   # arguments after -- go to pytest
+
+Per workload (pytest-benchmark group): the median per operation of each row
+(a saver, or a floor), its IQR, and its ratio to SqliteSaver in the same run;
+then the graph overhead, concurrency and long-thread sections, and the issue
+#6 targets, each with its ratio and whether it is met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RESULTS = os.path.join(HERE, "results")
+KV, KVM, SQL, MEM = "kvsaver-lmdb", "kvsaver-memory", "sqlite", "inmemory"
+ROW_ORDER = [KV, KVM, SQL, MEM, "floor:serialize", "floor:lmdb-commit"]
+GROUP_ORDER = [
+    "put",
+    "put_writes",
+    "get_tuple:latest",
+    "get_tuple:by_id",
+    "list:limit10",
+    "list:thread1000",
+    "list:filter_global",
+    "delete_thread",
+    "graph:loop",
+    "graph:invokes",
+    "concurrency:8_writers",
+    "concurrency:3r1w",
+    "long_thread:latest_of_100",
+    "long_thread:latest_of_100000",
+]
+WHAT = {
+    "put": "one put: 10 channels, 1-2 changed (one a growing list of 300-char messages)",
+    "put_writes": "one put_writes of 3 writes",
+    "get_tuple:latest": "latest checkpoint of a 1,000-checkpoint thread (store: 1,000 threads)",
+    "get_tuple:by_id": "a checkpoint by id (with 3 pending writes), same store",
+    "list:limit10": "list(thread, limit=10), same store",
+    "list:thread1000": "list(thread): all 1,000 checkpoints, same store",
+    "list:filter_global": 'list(None, filter={"source": "input", "tag": X}): 5 of ~4,000 match',
+    "delete_thread": "delete a 50-checkpoint thread (with writes) from the same store",
+    "graph:loop": "StateGraph agent: 20 threads x one 30-turn loop (1 call = whole workload)",
+    "graph:invokes": "StateGraph agent: 20 threads x 10 invokes (1 call = whole workload)",
+    "concurrency:8_writers": "8 threads x 25 put_writes to their own threads (per op)",
+    "concurrency:3r1w": "3 reader + 1 writer processes, 3 s window (1 call = whole run)",
+    "long_thread:latest_of_100": "get_tuple latest, thread of 100 (store also holds 100,000)",
+    "long_thread:latest_of_100000": "get_tuple latest, thread of 100,000",
+}
+
+
+# -- loading --------------------------------------------------------------------------
+
+
+def load(path: str) -> dict[str, Any]:
+    with open(path) as f:
+        return json.load(f)
+
+
+def row_name(b: dict[str, Any]) -> str:
+    info = b.get("extra_info") or {}
+    if "row" in info:
+        return str(info["row"])
+    if b.get("param"):
+        return str(b["param"])
+    return str(b["name"])
+
+
+def per_op(b: dict[str, Any], stat: str = "median") -> float:
+    ops = (b.get("extra_info") or {}).get("ops_per_call", 1) or 1
+    return float(b["stats"][stat]) / ops
+
+
+def by_group(data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    groups: dict[str, dict[str, dict[str, Any]]] = {}
+    for b in data["benchmarks"]:
+        groups.setdefault(b.get("group") or b["fullname"].split("::")[0], {})[row_name(b)] = b
+    return groups
+
+
+def ordered(names: list[str], order: list[str]) -> list[str]:
+    return [n for n in order if n in names] + sorted(n for n in names if n not in order)
+
+
+# -- formatting -----------------------------------------------------------------------
+
+
+def fmt_time(s: float) -> str:
+    if s < 1e-3:
+        return f"{s * 1e6:,.1f} µs"
+    if s < 1:
+        return f"{s * 1e3:,.2f} ms"
+    return f"{s:,.2f} s"
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def fmt_ratio(r: float | None) -> str:
+    return "-" if r is None else f"{r:.2f}x"
+
+
+def table(header: list[str], rows: list[list[str]], right_from: int = 1) -> list[str]:
+    align = ["---" if i < right_from else "---:" for i in range(len(header))]
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return out
+
+
+# -- sections -------------------------------------------------------------------------
+
+
+def group_tables(groups: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    out = []
+    for g in ordered(list(groups), GROUP_ORDER):
+        if g == "concurrency:3r1w":
+            continue  # one call is the whole run; its section has the throughputs
+        rows = groups[g]
+        ref = per_op(rows[SQL]) if SQL in rows else None
+        out += ["", f"**{g}**" + (f": {WHAT[g]}" if g in WHAT else ""), ""]
+        body = []
+        for name in ordered(list(rows), ROW_ORDER):
+            b = rows[name]
+            st = b["stats"]
+            body.append(
+                [
+                    name,
+                    fmt_time(per_op(b)),
+                    fmt_time(per_op(b, "iqr")),
+                    f"{st['rounds']}x{st['iterations']}",
+                    fmt_ratio(ratio(per_op(b), ref)),
+                ]
+            )
+        out += table(["row", "median / op", "IQR / op", "rounds x iter", "x SqliteSaver"], body)
+    return out
+
+
+def floor_of(groups: dict, g: str) -> float | None:
+    rows = groups.get(g, {})
+    if "floor:serialize" in rows and "floor:lmdb-commit" in rows:
+        return per_op(rows["floor:serialize"]) + per_op(rows["floor:lmdb-commit"])
+    return None
+
+
+def med(groups: dict, g: str, row: str) -> float | None:
+    b = groups.get(g, {}).get(row)
+    return None if b is None else per_op(b)
+
+
+def info(groups: dict, g: str, row: str, key: str) -> Any:
+    b = groups.get(g, {}).get(row)
+    return None if b is None else (b.get("extra_info") or {}).get(key)
+
+
+def floors_section(groups: dict) -> list[str]:
+    body = []
+    for g in ("put", "put_writes"):
+        f = floor_of(groups, g)
+        if f is None:
+            continue
+        for name in (KV, KVM, SQL):
+            m = med(groups, g, name)
+            if m is not None:
+                body.append([g, name, fmt_time(m), fmt_time(f), fmt_ratio(ratio(m, f))])
+    if not body:
+        return []
+    return [
+        "",
+        "### Floors: put and put_writes against serialize + one raw LMDB commit",
+        "",
+        "floor = median of serializing the same data with the saver's serde "
+        "(`dumps_typed` of the changed channel values, the checkpoint without values, "
+        "the metadata; for put_writes the 3 values) + median of one raw py-lmdb write "
+        "transaction putting the very bytes KVSaver writes (same env settings, sync on).",
+        "",
+        *table(["workload", "row", "median / op", "floor / op", "x floor"], body, right_from=2),
+    ]
+
+
+def graph_section(groups: dict) -> list[str]:
+    body = []
+    for g in ("graph:loop", "graph:invokes"):
+        ref = info(groups, g, SQL, "overhead_us_per_superstep")
+        for name in ordered(list(groups.get(g, {})), ROW_ORDER):
+            b = groups[g][name]
+            ex = b.get("extra_info") or {}
+            ov = ex.get("overhead_us_per_superstep")
+            body.append(
+                [
+                    g,
+                    name,
+                    fmt_time(b["stats"]["median"]),
+                    fmt_time(ex.get("baseline_median_s", 0)),
+                    str(ex.get("supersteps", "-")),
+                    "-" if ov is None else f"{ov:,.0f} µs",
+                    fmt_ratio(ratio(ov, ref)),
+                    fmt_bytes(ex.get("disk_bytes")),
+                    fmt_bytes(ex.get("disk_bytes_open")),
+                ]
+            )
+    if not body:
+        return []
+    return [
+        "",
+        "### Graph: checkpointer overhead per superstep, and bytes on disk",
+        "",
+        "overhead = (median time with the saver - median time with no checkpointer) "
+        "/ supersteps (checkpoints written). Disk: the store's files after the "
+        "workload, the saver closed (SqliteSaver: WAL checkpointed into the db) and open.",
+        "",
+        *table(
+            [
+                "workload",
+                "row",
+                "with saver",
+                "no checkpointer",
+                "supersteps",
+                "overhead / superstep",
+                "x SqliteSaver",
+                "disk (closed)",
+                "disk (open)",
+            ],
+            body,
+            right_from=2,
+        ),
+    ]
+
+
+def concurrency_section(groups: dict) -> list[str]:
+    out = []
+    g = "concurrency:8_writers"
+    if g in groups:
+        ref = info(groups, g, SQL, "ops_per_s")
+        body = [
+            [
+                n,
+                f"{info(groups, g, n, 'ops_per_s'):,.0f}",
+                f"{info(groups, g, n, 'single_thread_ops_per_s'):,.0f}",
+                fmt_ratio(ratio(info(groups, g, n, "ops_per_s"), ref)),
+            ]
+            for n in ordered(list(groups[g]), ROW_ORDER)
+        ]
+        out += [
+            "",
+            "### 8 writer threads (put_writes, durability full)",
+            "",
+            *table(["row", "8 threads: ops/s", "1 thread: ops/s", "x SqliteSaver"], body),
+        ]
+    g = "concurrency:3r1w"
+    if g in groups:
+        ref = info(groups, g, SQL, "reads_per_s")
+        body = []
+        for n in ordered(list(groups[g]), ROW_ORDER):
+            body.append(
+                [
+                    n,
+                    f"{info(groups, g, n, 'reads_per_s'):,.0f}",
+                    fmt_ratio(ratio(info(groups, g, n, "reads_per_s"), ref)),
+                    f"{info(groups, g, n, 'writes_per_s'):,.0f}",
+                    f"{info(groups, g, n, 'writes_per_s_alone'):,.0f}",
+                    f"{info(groups, g, n, 'writer_kept'):.2f}",
+                    str(
+                        (info(groups, g, n, "reader_errors") or 0)
+                        + (info(groups, g, n, "writer_errors") or 0)
+                    ),
+                ]
+            )
+        out += [
+            "",
+            "### 3 reader processes + 1 writer process on one store",
+            "",
+            "Readers: get_tuple (latest) of a random one of the writer's 100 threads. "
+            "Writer: put (1-2 changed channels) round robin over them. Then the writer "
+            "alone on a fresh store; 'writer kept' = puts/s beside readers / puts/s alone.",
+            "",
+            *table(
+                [
+                    "row",
+                    "reads/s (3 readers)",
+                    "x SqliteSaver",
+                    "writer puts/s",
+                    "writer alone puts/s",
+                    "writer kept",
+                    "errors",
+                ],
+                body,
+            ),
+        ]
+    return out
+
+
+def long_section(groups: dict) -> list[str]:
+    a, b = "long_thread:latest_of_100", "long_thread:latest_of_100000"
+    if a not in groups or b not in groups:
+        return []
+    body = []
+    for n in ordered(list(groups[a]), ROW_ORDER):
+        s, long_ = med(groups, a, n), med(groups, b, n)
+        body.append(
+            [
+                n,
+                fmt_time(s or 0),
+                fmt_time(long_ or 0),
+                fmt_ratio(ratio(long_, s)),
+                fmt_bytes(info(groups, a, n, "store_bytes")),
+            ]
+        )
+    return [
+        "",
+        "### Latest checkpoint: thread of 100,000 vs thread of 100 (same store)",
+        "",
+        *table(["row", "100", "100,000", "100,000 / 100", "store on disk"], body),
+    ]
+
+
+def targets(groups: dict) -> list[list[str]]:
+    rows: list[list[str]] = []
+
+    def add(what: str, value: float | None, limit: float, at_most: bool = True) -> None:
+        if value is None:
+            rows.append([what, "-", ("<= " if at_most else ">= ") + f"{limit}x", "not measured"])
+            return
+        ok = value <= limit if at_most else value >= limit
+        rows.append(
+            [
+                what,
+                f"{value:.3g}x",
+                ("<= " if at_most else ">= ") + f"{limit}x",
+                "met" if ok else "**not met**",
+            ]
+        )
+
+    for g in ("graph:loop", "graph:invokes"):
+        add(
+            f"{g} overhead/superstep vs SqliteSaver",
+            ratio(
+                info(groups, g, KV, "overhead_us_per_superstep"),
+                info(groups, g, SQL, "overhead_us_per_superstep"),
+            ),
+            0.5,
+        )
+    for g in ("get_tuple:latest", "get_tuple:by_id", "list:limit10", "delete_thread"):
+        add(f"{g} vs SqliteSaver", ratio(med(groups, g, KV), med(groups, g, SQL)), 0.5)
+    g = "list:filter_global"
+    add(f"{g} vs SqliteSaver", ratio(med(groups, g, KV), med(groups, g, SQL)), 0.3)
+    for g in ("put", "put_writes"):
+        add(
+            f"{g} vs floor (serialize + raw LMDB commit)",
+            ratio(med(groups, g, KV), floor_of(groups, g)),
+            1.15,
+        )
+    g = "concurrency:8_writers"
+    add(
+        "8 writer threads, ops/s vs SqliteSaver",
+        ratio(info(groups, g, KV, "ops_per_s"), info(groups, g, SQL, "ops_per_s")),
+        3.0,
+        False,
+    )
+    g = "concurrency:3r1w"
+    add(
+        "3 readers + 1 writer, reads/s vs SqliteSaver",
+        ratio(info(groups, g, KV, "reads_per_s"), info(groups, g, SQL, "reads_per_s")),
+        2.5,
+        False,
+    )
+    add(
+        "... writer not starved: puts/s beside readers / alone",
+        info(groups, g, KV, "writer_kept"),
+        0.5,
+        False,
+    )
+    add(
+        "latest on 100,000 / latest on 100",
+        ratio(
+            med(groups, "long_thread:latest_of_100000", KV),
+            med(groups, "long_thread:latest_of_100", KV),
+        ),
+        1.5,
+    )
+    return rows
+
+
+def machine_section(data: dict) -> list[str]:
+    mi = data.get("machine_info", {})
+    kb = mi.get("kvsaver_bench", {})
+    ci = data.get("commit_info", {})
+    run = data.get("kvsaver_bench", {})
+    pkgs = ", ".join(f"{k} {v}" for k, v in (kb.get("packages") or {}).items())
+    changes = run.get("worktree_changes_kv_saver") or []
+    return [
+        f"- Date: {data.get('datetime', '?')} (UTC)",
+        f"- Machine: {kb.get('cpu_model', mi.get('processor', '?'))}, "
+        f"{kb.get('cores', '?')} cores, {kb.get('platform', mi.get('system', '?'))}",
+        f"- Python {kb.get('python', mi.get('python_version', '?'))}; {pkgs}",
+        f"- Code: commit {ci.get('id', '?')[:12]} on {ci.get('branch', '?')}"
+        + (
+            f", with uncommitted changes to {len(changes)} file(s) under kv/ and saver/: "
+            + ", ".join(f"`{c.strip()}`" for c in changes)
+            if changes
+            else ""
+        ),
+        f"- Load average at start / end: {kb.get('loadavg_at_start', '?')} / "
+        f"{run.get('loadavg_at_end', '?')} (other work was running on the machine: "
+        "timings are noisy, ratios within one run are what to read)",
+        f"- Suite wall time: {run.get('session_seconds', '?')} s "
+        f"(`pytest {' '.join(run.get('argv', []))}`)",
+    ]
+
+
+METHOD = """\
+- One pytest-benchmark session measures every saver side by side: `kvsaver-lmdb`
+  (`KVSaver(dir)`, LMDB, durability "full"), `kvsaver-memory` (`KVSaver(":memory:")`),
+  `sqlite` (`SqliteSaver(sqlite3.connect(file, check_same_thread=False))`, its
+  defaults: WAL, synchronous FULL) and `inmemory` (`InMemorySaver()`).
+- Fixed workloads (bench/_workloads.py): 10 channels, 1-2 changed per step, one a
+  growing list of 300-character messages; `new_versions` holds only the changed
+  channels, versions come from each saver's `get_next_version`.
+- `benchmark.pedantic` with explicit rounds; warm-up rounds are run and discarded
+  (graph workloads: a 2-thread warm-up run). Inputs are generated in the untimed
+  per-round setup, so the timed call is only saver calls (graph: `graph.invoke`s).
+- Reported: the median over rounds, divided by the operations per timed call
+  (`ops_per_call`); ratios are medians divided by SqliteSaver's median of the same run.
+- Read workloads share one store per saver, built once per session (1,000 threads:
+  999 of 3 checkpoints, tagged `tag-{i % 200}`; one of 1,000 checkpoints with
+  pending writes), written through the saver's own put/put_writes without fsync,
+  then reopened with the defaults.
+- Raw data: bench/results/latest.json (pytest-benchmark JSON; extra_info per row)."""
+
+
+def render(data: dict) -> str:
+    groups = by_group(data)
+    out = [
+        "# Benchmarks (issue #6)",
+        "",
+        "Generated by `python bench/report.py` from bench/results/latest.json.",
+        "",
+        "## Machine and run",
+        "",
+        *machine_section(data),
+        "",
+        "## Method",
+        "",
+        METHOD,
+        "",
+        "Where KVSaver's time goes: bench/results/PROFILE.md (`python bench/profile_kvsaver.py`).",
+        "",
+        "## Targets (KVSaver on LMDB, ratios in this run)",
+        "",
+        *table(["target", "measured", "goal", "status"], targets(groups)),
+        *floors_section(groups),
+        *graph_section(groups),
+        *concurrency_section(groups),
+        *long_section(groups),
+        "",
+        "## Every workload: median per operation",
+        *group_tables(groups),
+        "",
+    ]
+    return "\n".join(out)
+
+
+def run_suite(json_path: str, extra: list[str]) -> int:
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "bench/",
+        "--benchmark-only",
+        f"--benchmark-json={json_path}",
+        "-q",
+        *extra,
+    ]
+    print("$", " ".join(cmd), flush=True)
+    t0 = time.perf_counter()
+    rc = subprocess.call(cmd, cwd=ROOT)
+    print(f"suite: {time.perf_counter() - t0:.0f} s, exit {rc}", flush=True)
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    extra: list[str] = []
+    if "--" in argv:  # everything after "--" goes to pytest
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1 :]
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--json", default=os.path.join(RESULTS, "latest.json"), help="input")
+    ap.add_argument("-o", "--output", default=os.path.join(RESULTS, "RESULTS.md"))
+    ap.add_argument("--run", action="store_true", help="run the benchmark suite first")
+    args = ap.parse_args(argv)
+    if args.run:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        rc = run_suite(os.path.abspath(args.json), extra)
+        if rc != 0:
+            print("the suite failed; writing the report of what was measured", file=sys.stderr)
+    data = load(args.json)
+    text = render(data)
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    with open(args.output, "w") as f:
+        f.write(text)
+    print(
+        f"wrote {args.output} ({len(data['benchmarks'])} results, "
+        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
