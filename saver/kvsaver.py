@@ -350,20 +350,23 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     def _index_sources(
         self, filter: Mapping[str, Any] | None, before_id: str | None
     ) -> Callable[[Any, Any], Iterator[tuple[Any, bytes]]]:
-        """All threads, newest first: the meta index of the first filter key
-        with a scalar value (only matching checkpoints are visited), else
-        the id index."""
+        """All threads, newest first: the meta index of the most selective
+        scalar filter value (only checkpoints carrying it are visited; the rest
+        of the filter is checked on their metadata), else the id index."""
+        candidates = []
         for key, value in (filter or {}).items():
             ok, norm = S.meta_value(value)
             if ok:
-                start, stop = S.meta_range(key, norm, before_id)
-                break
-        else:
-            start, stop = S.by_id_range()
-            if before_id:
-                stop = S.by_id_stop(before_id)
+                candidates.append(S.meta_range(key, norm, before_id))
+        default = S.by_id_range()
+        if before_id:
+            default = (default[0], S.by_id_stop(before_id))
+        chosen: list[tuple[bytes, bytes]] = []
 
         def source(txn: Any, resume: Any) -> Iterator[tuple[Any, bytes]]:
+            if not chosen:
+                chosen.append(_most_selective(txn, candidates) if candidates else default)
+            start, stop = chosen[0]
             for key, _ in txn.scan(start, resume[1] if resume else stop, reverse=True):
                 kcid, kt, kns = unpack(key)[-3:]
                 raw = txn.get(S.checkpoint_key_from_elements(kt, kns, kcid))
@@ -858,6 +861,22 @@ def _merge_desc(scans: list[Iterator[tuple[Any, bytes]]]) -> Iterator[tuple[Any,
     return heapq.merge(
         *scans, key=lambda item: (_sort_elem(item[0][0]), _sort_elem(item[0][1])), reverse=True
     )
+
+
+def _most_selective(txn: Any, ranges: list[tuple[bytes, bytes]], probe: int = 64) -> Any:
+    """The index range with the fewest entries, counting at most ``probe`` in
+    each: a filter like {"source": "input", "tag": "x"} walks the rare tag,
+    not every input checkpoint."""
+    best, best_n = ranges[0], None
+    for rng in ranges:
+        n = 0
+        for _ in txn.scan(*rng):
+            n += 1
+            if n >= probe:
+                break
+        if best_n is None or n < best_n:
+            best, best_n = rng, n
+    return best
 
 
 def _same_id(pos: Any, last: Any) -> bool:

@@ -6,7 +6,7 @@ All keys are ``kv.keys.pack``-ed tuples; the first element names the keyspace.
 keyspace    key                                              value
 ==========  ===============================================  ==========================
 checkpoint  ("c", thread, ns, checkpoint_id)                 CheckpointRecord
-blob        ("b", thread, ns, channel, version)              [type, bytes] (type
+blob        ("b", thread, ns, channel, version)              type NUL bytes (type
                                                              "empty": no value)
 write       ("w", thread, ns, checkpoint_id, task_path,      WriteRecord
             task_id, idx)
@@ -80,14 +80,25 @@ EMPTY_TYPE = "empty"
 Typed = tuple[str, bytes]
 
 
+_K_CACHE: dict[str, str | bytes] = {}
+
+
 def k(s: str) -> str | bytes:
     """The key element for a string: itself, or a surrogate when too long."""
     if len(s) <= 23:
         return s  # <= 23 chars: at most 92 bytes UTF-8, escaping included
-    raw = s.encode("utf-8", "surrogatepass")
-    if len(raw) + raw.count(0) <= _MAX_INLINE:
-        return s
-    return raw[:24] + hashlib.sha256(raw).digest()[:16]
+    # Checkpoint ids and version strings are longer than that and are keyed
+    # over and over (every read of a checkpoint keys all its channels).
+    elem = _K_CACHE.get(s)
+    if elem is None:
+        raw = s.encode("utf-8", "surrogatepass")
+        elem = s if len(raw) + raw.count(0) <= _MAX_INLINE else (
+            raw[:24] + hashlib.sha256(raw).digest()[:16]
+        )
+        if len(_K_CACHE) >= 16384:
+            _K_CACHE.clear()
+        _K_CACHE[s] = elem
+    return elem
 
 
 def _ver(v: str | int | float) -> str | bytes | int | float:
@@ -291,13 +302,18 @@ def decode_checkpoint(raw: bytes) -> CheckpointRecord:
 
 
 def encode_blob(typed: Typed | None) -> bytes:
-    return ormsgpack.packb([EMPTY_TYPE, b""] if typed is None else [typed[0], typed[1]])
+    """``type`` (ASCII, never containing NUL), ``\x00``, then the serialized
+    bytes: no envelope to decode on the read path, which loads every channel."""
+    if typed is None:
+        return b"empty\x00"
+    return typed[0].encode("ascii") + b"\x00" + typed[1]
 
 
 def decode_blob(raw: bytes) -> Typed | None:
     """The serde-typed value, or None for the "empty" marker."""
-    type_, data = ormsgpack.unpackb(raw)
-    return None if type_ == EMPTY_TYPE else (type_, data)
+    sep = raw.index(b"\x00")
+    type_ = raw[:sep].decode("ascii")
+    return None if type_ == EMPTY_TYPE else (type_, raw[sep + 1 :])
 
 
 class WriteRecord(NamedTuple):
