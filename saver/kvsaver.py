@@ -266,11 +266,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         thread, ns, conf = _thread_ns(config, "get_tuple")
         checkpoint_id = conf.get("checkpoint_id")
         with self.store.read() as txn:
-            if checkpoint_id:
-                raw = txn.get(S.checkpoint_key(thread, ns, str(checkpoint_id)))
-            else:
-                first = next(iter(txn.scan(*S.checkpoints_range(thread, ns), reverse=True)), None)
-                raw = first[1] if first else None
+            raw = _find_record(txn, thread, ns, checkpoint_id)
             if raw is None:
                 return None
             return self._load_tuple(
@@ -719,12 +715,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         seeds: dict[str, Any] = {}
         remaining = set(channels)
         with self.store.read() as txn:
-            checkpoint_id = conf.get("checkpoint_id")
-            if checkpoint_id:
-                raw = txn.get(S.checkpoint_key(thread, ns, str(checkpoint_id)))
-            else:
-                first = next(iter(txn.scan(*S.checkpoints_range(thread, ns), reverse=True)), None)
-                raw = first[1] if first else None
+            raw = _find_record(txn, thread, ns, conf.get("checkpoint_id"))
             cursor = S.decode_checkpoint(raw).parent_id if raw is not None else None
             while cursor is not None and remaining:
                 raw = txn.get(S.checkpoint_key(thread, ns, cursor))
@@ -834,6 +825,15 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         self, *, config: RunnableConfig, channels: Sequence[str]
     ) -> Mapping[str, DeltaChannelHistory]:
         return await self._run(self.get_delta_channel_history, config=config, channels=channels)
+
+
+def _find_record(txn: Any, thread: str, ns: str, checkpoint_id: Any) -> bytes | None:
+    """The stored record of a checkpoint id, or of the latest checkpoint of
+    (thread, ns) when no id is given: one reverse step over its keys."""
+    if checkpoint_id:
+        return txn.get(S.checkpoint_key(thread, ns, str(checkpoint_id)))
+    first = next(iter(txn.scan(*S.checkpoints_range(thread, ns), reverse=True)), None)
+    return first[1] if first else None
 
 
 # -- list helpers ---------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from langgraph.checkpoint.base import Checkpoint, CheckpointTuple, empty_checkpoint
@@ -14,6 +15,18 @@ from kv import Store
 from kv.keys import prefix_range, unpack
 from saver import KVSaver
 from saver import schema as S
+
+BACKENDS = ["lmdb", "memory", "file"]
+
+
+def open_kv(backend: str, tmp_path: Path, **kwargs: Any) -> KVSaver:
+    """A KVSaver on one of the three backends, in tmp_path."""
+    if backend == "memory":
+        return KVSaver(":memory:", **kwargs)
+    if backend == "file":
+        tmp_path.mkdir(parents=True, exist_ok=True)  # FileStore does not create parents
+        return KVSaver(tmp_path / "store.kvs", backend="file", **kwargs)
+    return KVSaver(tmp_path / "lmdb", **kwargs)
 
 
 def sqlite_saver() -> SqliteSaver:

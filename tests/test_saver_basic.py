@@ -17,12 +17,14 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT, RESUME, SCHEDULED
 from langgraph.graph import END, START, StateGraph
 from saver_helpers import (
+    BACKENDS,
     assert_indexes_consistent,
     blob_keys,
     config,
     core_image,
     keys_of,
     make_checkpoint,
+    open_kv,
     scan_all,
     tuples,
 )
@@ -31,17 +33,6 @@ from typing_extensions import TypedDict
 from kv.keys import unpack
 from saver import KVSaver
 from saver import schema as S
-
-BACKENDS = ["lmdb", "memory", "file"]
-
-
-def open_kv(backend: str, tmp_path: Path, **kwargs: Any) -> KVSaver:
-    if backend == "memory":
-        return KVSaver(":memory:", **kwargs)
-    if backend == "file":
-        tmp_path.mkdir(parents=True, exist_ok=True)  # FileStore does not create parents
-        return KVSaver(tmp_path / "store.kvs", backend="file", **kwargs)
-    return KVSaver(tmp_path / "lmdb", **kwargs)
 
 
 @pytest.fixture(params=BACKENDS)

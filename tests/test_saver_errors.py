@@ -13,7 +13,7 @@ from typing import Any
 import ormsgpack
 import pytest
 from langgraph.checkpoint.serde.types import ERROR
-from saver_helpers import config, make_checkpoint, scan_all
+from saver_helpers import BACKENDS, config, make_checkpoint, open_kv, scan_all
 from saver_helpers_graphs import chat_graph, human
 
 from kv import (
@@ -27,17 +27,6 @@ from kv import (
 )
 from saver import KVSaver
 from saver import schema as S
-
-BACKENDS = ["lmdb", "memory", "file"]
-
-
-def open_kv(backend: str, tmp_path: Path, **kwargs: Any) -> KVSaver:
-    if backend == "memory":
-        return KVSaver(":memory:", **kwargs)
-    if backend == "file":
-        tmp_path.mkdir(parents=True, exist_ok=True)  # FileStore does not create parents
-        return KVSaver(tmp_path / "store.kvs", backend="file", **kwargs)
-    return KVSaver(tmp_path / "lmdb", **kwargs)
 
 
 def seed(saver: KVSaver) -> None:

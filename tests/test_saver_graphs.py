@@ -14,7 +14,7 @@ import pytest
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
-from saver_helpers import scan_all, sqlite_saver
+from saver_helpers import BACKENDS, open_kv, scan_all, sqlite_saver
 from saver_helpers_graphs import (
     Command,
     ahistory,
@@ -31,17 +31,6 @@ from saver_helpers_graphs import (
 )
 
 from saver import KVSaver
-
-BACKENDS = ["lmdb", "memory", "file"]
-
-
-def open_kv(backend: str, tmp_path: Path, **kwargs: Any) -> KVSaver:
-    if backend == "memory":
-        return KVSaver(":memory:", **kwargs)
-    if backend == "file":
-        tmp_path.mkdir(parents=True, exist_ok=True)  # FileStore does not create parents
-        return KVSaver(tmp_path / "store.kvs", backend="file", **kwargs)
-    return KVSaver(tmp_path / "lmdb", **kwargs)
 
 
 @pytest.fixture(params=BACKENDS)
