@@ -445,19 +445,14 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             )
             for ch, ver in new_versions.items()
         ]
-        meta = get_checkpoint_metadata(config, metadata)
-        run_id = meta.get("run_id")
-        run_id = None if run_id is None else str(run_id)
-        parent_id = conf.get("checkpoint_id")
-        rec = S.CheckpointRecord(
-            thread_id=thread,
-            checkpoint_ns=ns,
-            checkpoint_id=checkpoint_id,
-            parent_id=None if parent_id is None else str(parent_id),
-            checkpoint=dumps(cp),
-            metadata=dumps(meta),
-            run_id=run_id,
-            meta=S.meta_entries(meta),
+        rec = S.make_checkpoint_record(
+            thread,
+            ns,
+            checkpoint_id,
+            conf.get("checkpoint_id"),
+            dumps(cp),
+            get_checkpoint_metadata(config, metadata),
+            dumps,
         )
         record = S.encode_checkpoint(rec)
         index = S.index_keys(rec)

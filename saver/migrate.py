@@ -698,17 +698,10 @@ def _put_checkpoint(
                 continue
             put(bkey, S.encode_blob(dumps(values[channel]()) if channel in values else None))
             put.stats.blobs_written += 1
-        run_id = metadata.get("run_id") if isinstance(metadata, dict) else None
-        run_id = None if run_id is None else str(run_id)
-        record = S.CheckpointRecord(
-            thread_id=thread,
-            checkpoint_ns=ns,
-            checkpoint_id=cid,
-            parent_id=str(parent) if parent else None,
-            checkpoint=dumps(checkpoint),
-            metadata=dumps(metadata),
-            run_id=run_id,
-            meta=S.meta_entries(metadata),
+        if not isinstance(metadata, dict):
+            raise MigrationError(f"{where}: metadata is not a JSON object: {metadata!r}")
+        record = S.make_checkpoint_record(
+            thread, ns, cid, parent, dumps(checkpoint), metadata, dumps
         )
     except MigrationError:
         raise

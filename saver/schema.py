@@ -57,6 +57,7 @@ Records are ormsgpack arrays; serde-typed payloads are stored as
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import ormsgpack
@@ -267,6 +268,30 @@ class CheckpointRecord(NamedTuple):
     metadata: Typed
     run_id: str | None
     meta: list[list[Any]]  # meta index entries (see meta_entries)
+
+
+def make_checkpoint_record(
+    thread: str,
+    ns: str,
+    checkpoint_id: str,
+    parent_id: Any,
+    checkpoint: Typed,
+    metadata: Mapping[str, Any],
+    dumps: Callable[[Any], Typed],
+) -> CheckpointRecord:
+    """The record of a checkpoint (serialized without channel_values), with
+    the run id and meta index entries its metadata implies."""
+    run_id = metadata.get("run_id")
+    return CheckpointRecord(
+        thread_id=thread,
+        checkpoint_ns=ns,
+        checkpoint_id=checkpoint_id,
+        parent_id=str(parent_id) if parent_id else None,
+        checkpoint=checkpoint,
+        metadata=dumps(metadata),
+        run_id=None if run_id is None else str(run_id),
+        meta=meta_entries(metadata),
+    )
 
 
 def index_keys(rec: CheckpointRecord) -> list[bytes]:
