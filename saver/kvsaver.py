@@ -242,8 +242,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         thread, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
         checkpoint: Checkpoint = loads(rec.checkpoint)
         values: dict[str, Any] = {}
-        for channel, version in checkpoint["channel_versions"].items():
-            raw = txn.get(S.blob_key(thread, ns, channel, version))
+        for channel, key in S.blob_keys(thread, ns, checkpoint["channel_versions"]):
+            raw = txn.get(key)
             if raw is not None and (typed := S.decode_blob(raw)) is not None:
                 values[channel] = loads(typed)
         checkpoint["channel_values"] = values
@@ -549,8 +549,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         referenced = set()
         for _, raw in txn.scan(*S.checkpoints_range(thread, ns)):
             rec = S.decode_checkpoint(raw)
-            for ch, ver in self.serde.loads_typed(rec.checkpoint)["channel_versions"].items():
-                referenced.add(S.blob_key(thread, ns, ch, ver))
+            versions = self.serde.loads_typed(rec.checkpoint)["channel_versions"]
+            referenced.update(key for _, key in S.blob_keys(thread, ns, versions))
         stale = [key for key, _ in txn.scan(*S.blobs_range(thread, ns)) if key not in referenced]
         for key in stale:
             txn.delete(key)

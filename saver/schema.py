@@ -127,6 +127,14 @@ def blob_key(thread: str, ns: str, channel: str, version: str | int | float) -> 
     return pack((BLOB, k(thread), k(ns), k(channel), _ver(version)))
 
 
+def blob_keys(thread: str, ns: str, versions: Mapping[str, Any]) -> list[tuple[str, bytes]]:
+    """(channel, blob key) for every channel of a checkpoint's versions: the
+    (thread, ns) prefix is packed once (packing is concatenation, element by
+    element), since every read of a checkpoint keys all its channels."""
+    prefix = pack((BLOB, k(thread), k(ns)))
+    return [(ch, prefix + pack((k(ch), _ver(v)))) for ch, v in versions.items()]
+
+
 def blobs_range(thread: str, ns: str | None = None) -> tuple[bytes, bytes]:
     if ns is None:
         return prefix_range((BLOB, k(thread)))
