@@ -132,7 +132,22 @@ def blob_keys(thread: str, ns: str, versions: Mapping[str, Any]) -> list[tuple[s
     (thread, ns) prefix is packed once (packing is concatenation, element by
     element), since every read of a checkpoint keys all its channels."""
     prefix = pack((BLOB, k(thread), k(ns)))
-    return [(ch, prefix + pack((k(ch), _ver(v)))) for ch, v in versions.items()]
+    out = []
+    for ch, v in versions.items():
+        mark = (ch, type(v), v)  # 1 == 1.0 == True, but their encodings differ
+        suffix = _SUFFIX_CACHE.get(mark)
+        if suffix is None:
+            suffix = pack((k(ch), _ver(v)))
+            if len(_SUFFIX_CACHE) >= 16384:
+                _SUFFIX_CACHE.clear()
+            _SUFFIX_CACHE[mark] = suffix
+        out.append((ch, prefix + suffix))
+    return out
+
+
+# (channel, type, version) -> packed key elements: a thread's latest
+# checkpoint is read at every step, with the same channel versions each time.
+_SUFFIX_CACHE: dict[tuple[str, type, Any], bytes] = {}
 
 
 def blobs_range(thread: str, ns: str | None = None) -> tuple[bytes, bytes]:
