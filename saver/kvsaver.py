@@ -229,6 +229,19 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         recs.sort(key=lambda w: writes_sort_key(w.task_path, w.task_id, w.idx))
         return recs
 
+    @staticmethod
+    def _find_record(txn: Any, thread: str, ns: str, checkpoint_id: Any) -> bytes | None:
+        """The stored record of a checkpoint id, or of the latest checkpoint of
+        (thread, ns) when no id is given: one reverse step over its keys."""
+        if checkpoint_id:
+            return txn.get(S.checkpoint_key(thread, ns, str(checkpoint_id)))
+        first = next(iter(txn.scan(*S.checkpoints_range(thread, ns), reverse=True)), None)
+        return first[1] if first else None
+
+    def _versions(self, rec: S.CheckpointRecord) -> dict[str, Any]:
+        """A stored checkpoint's channel_versions (decodes the checkpoint)."""
+        return self.serde.loads_typed(rec.checkpoint)["channel_versions"]
+
     def _load_tuple(
         self,
         txn: Any,
@@ -243,8 +256,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         checkpoint: Checkpoint = loads(rec.checkpoint)
         values: dict[str, Any] = {}
         for channel, key in S.blob_keys(thread, ns, checkpoint["channel_versions"]):
-            raw = txn.get(key)
-            if raw is not None and (typed := S.decode_blob(raw)) is not None:
+            if (typed := S.decode_blob(txn.get(key))) is not None:
                 values[channel] = loads(typed)
         checkpoint["channel_values"] = values
         writes: list[PendingWrite] = [
@@ -266,7 +278,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         thread, ns, conf = _thread_ns(config, "get_tuple")
         checkpoint_id = conf.get("checkpoint_id")
         with self.store.read() as txn:
-            raw = _find_record(txn, thread, ns, checkpoint_id)
+            raw = self._find_record(txn, thread, ns, checkpoint_id)
             if raw is None:
                 return None
             return self._load_tuple(
@@ -548,8 +560,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         """Delete the blobs of (thread, ns) that no remaining checkpoint uses."""
         referenced = set()
         for _, raw in txn.scan(*S.checkpoints_range(thread, ns)):
-            rec = S.decode_checkpoint(raw)
-            versions = self.serde.loads_typed(rec.checkpoint)["channel_versions"]
+            versions = self._versions(S.decode_checkpoint(raw))
             referenced.update(key for _, key in S.blob_keys(thread, ns, versions))
         stale = [key for key, _ in txn.scan(*S.blobs_range(thread, ns)) if key not in referenced]
         for key in stale:
@@ -648,12 +659,10 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             while delta and cursor is not None and cursor in records:
                 rec = records[cursor]
                 keep.add(cursor)
-                versions = self.serde.loads_typed(rec.checkpoint)["channel_versions"]
+                versions = self._versions(rec)
                 for ch in list(delta):
-                    if ch in versions:
-                        raw = txn.get(S.blob_key(thread, ns, ch, versions[ch]))
-                        if raw is not None and S.decode_blob(raw) is not None:
-                            delta.discard(ch)
+                    if _stored_value(txn, thread, ns, versions, ch) is not None:
+                        delta.discard(ch)
                 cursor = rec.parent_id
         deleted = 0
         for cid, rec in records.items():
@@ -710,20 +719,18 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         seeds: dict[str, Any] = {}
         remaining = set(channels)
         with self.store.read() as txn:
-            raw = _find_record(txn, thread, ns, conf.get("checkpoint_id"))
+            raw = self._find_record(txn, thread, ns, conf.get("checkpoint_id"))
             cursor = S.decode_checkpoint(raw).parent_id if raw is not None else None
             while cursor is not None and remaining:
                 raw = txn.get(S.checkpoint_key(thread, ns, cursor))
                 if raw is None:
                     break
                 rec = S.decode_checkpoint(raw)
-                versions = loads(rec.checkpoint)["channel_versions"]
+                versions = self._versions(rec)
                 found: dict[str, Any] = {}
                 for ch in remaining:
-                    if ch in versions:
-                        blob = txn.get(S.blob_key(thread, ns, ch, versions[ch]))
-                        if blob is not None and (typed := S.decode_blob(blob)) is not None:
-                            found[ch] = loads(typed)
+                    if (typed := _stored_value(txn, thread, ns, versions, ch)) is not None:
+                        found[ch] = loads(typed)
                 for w in reversed(self._load_writes(txn, thread, ns, cursor)):
                     if w.channel in remaining:
                         collected[w.channel].append((w.task_id, w.channel, loads(w.value)))
@@ -822,13 +829,15 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         return await self._run(self.get_delta_channel_history, config=config, channels=channels)
 
 
-def _find_record(txn: Any, thread: str, ns: str, checkpoint_id: Any) -> bytes | None:
-    """The stored record of a checkpoint id, or of the latest checkpoint of
-    (thread, ns) when no id is given: one reverse step over its keys."""
-    if checkpoint_id:
-        return txn.get(S.checkpoint_key(thread, ns, str(checkpoint_id)))
-    first = next(iter(txn.scan(*S.checkpoints_range(thread, ns), reverse=True)), None)
-    return first[1] if first else None
+def _stored_value(
+    txn: Any, thread: str, ns: str, versions: Mapping[str, Any], channel: str
+) -> S.Typed | None:
+    """The value a checkpoint with these versions stored for ``channel``, or
+    None when it stored none (no version, or the "empty" marker): what ends a
+    DeltaChannel's walk back to its seed."""
+    if channel not in versions:
+        return None
+    return S.decode_blob(txn.get(S.blob_key(thread, ns, channel, versions[channel])))
 
 
 # -- list helpers ---------------------------------------------------------------

@@ -191,10 +191,10 @@ def last_activity(saver: KVSaver, txn: Any, thread: str) -> tuple[int | None, in
     recorded = None if raw is None else S.decode_activity(raw)[0]
     latest = None
     for ns in saver._namespaces(txn, thread):
-        first = next(iter(txn.scan(*S.checkpoints_range(thread, ns), reverse=True)), None)
-        if first is None:
+        raw = saver._find_record(txn, thread, ns, None)
+        if raw is None:
             continue
-        ms = _ts_ms(saver.serde.loads_typed(S.decode_checkpoint(first[1]).checkpoint))
+        ms = _ts_ms(saver.serde.loads_typed(S.decode_checkpoint(raw).checkpoint))
         if ms is not None and (latest is None or ms > latest):
             latest = ms
     return recorded, latest

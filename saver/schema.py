@@ -357,8 +357,10 @@ def encode_blob(typed: Typed | None) -> bytes:
     return typed[0].encode("ascii") + b"\x00" + typed[1]
 
 
-def decode_blob(raw: bytes) -> Typed | None:
-    """The serde-typed value, or None for the "empty" marker."""
+def decode_blob(raw: bytes | None) -> Typed | None:
+    """The serde-typed value, or None for the "empty" marker or no blob."""
+    if raw is None:
+        return None
     sep = raw.index(b"\x00")
     type_ = raw[:sep].decode("ascii")
     return None if type_ == EMPTY_TYPE else (type_, raw[sep + 1 :])
