@@ -23,6 +23,7 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+
 # -- temporary directories on tmpfs -------------------------------------------
 # Almost every test opens an LMDB store at full durability, so the suite's time
 # was dominated by fsync on the runner's disk (several ms each, far more under
