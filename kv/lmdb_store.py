@@ -101,34 +101,34 @@ class _SharedExclusive:
     """A lock with many shared holders or one exclusive holder (writer-preferring)."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._shared = 0
         self._exclusive = False
         self._waiting_exclusive = 0
-        self._mine: dict[int, int] = {}  # thread ident -> shared holds (under _cond)
+        self._mine = threading.local()  # .n: this thread's shared holds
 
     def held_shared_by_me(self) -> int:
-        return self._mine.get(threading.get_ident(), 0)
+        return getattr(self._mine, "n", 0)
 
+    # acquire_shared/release_shared run around every read: the common case (no
+    # exclusive request anywhere) takes the plain lock once and nothing else.
     def acquire_shared(self) -> None:
-        me = threading.get_ident()
-        with self._cond:
+        mine = self._mine
+        held = getattr(mine, "n", 0)
+        with self._lock:
             # A thread already holding it shared must not wait behind a
             # pending exclusive request (it would wait for itself).
-            while self._exclusive or (self._waiting_exclusive and not self._mine.get(me)):
+            while self._exclusive or (self._waiting_exclusive and not held):
                 self._cond.wait()
             self._shared += 1
-            self._mine[me] = self._mine.get(me, 0) + 1
+        mine.n = held + 1
 
     def release_shared(self) -> None:
-        me = threading.get_ident()
-        with self._cond:
+        mine = self._mine
+        mine.n -= 1
+        with self._lock:
             self._shared -= 1
-            held = self._mine[me] - 1
-            if held:
-                self._mine[me] = held
-            else:
-                del self._mine[me]
             # notify_all() costs a lock probe even with nobody waiting: only
             # an exclusive request (growth, fork) waits for readers to drain.
             if self._shared == 0 and self._waiting_exclusive:
@@ -568,6 +568,32 @@ class _LMDBTxn:
         return _scan(self._txn, self._env.max_key, start, stop, reverse)
 
 
+class _ReadContext:
+    """``LMDBStore.read()``: a class rather than a ``@contextmanager``
+    generator, which costs several microseconds more on every read."""
+
+    __slots__ = ("_env", "_store", "_txn")
+
+    def __init__(self, store: LMDBStore) -> None:
+        self._store = store
+
+    def __enter__(self) -> _LMDBTxn:
+        env = self._env = self._store._check_open()
+        env.gate.acquire_shared()
+        try:
+            self._txn = env.begin(write=False)
+        except BaseException:
+            env.gate.release_shared()
+            raise
+        return _LMDBTxn(self._store, env, self._txn, write=False)
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._txn.abort()
+        finally:
+            self._env.gate.release_shared()
+
+
 def _with_reserve(cap: int) -> int:
     """The map size a delete-only transaction may use at the cap."""
     return cap + max(64 * _PAGE, cap // 32 // _PAGE * _PAGE)
@@ -711,18 +737,8 @@ class LMDBStore:
     def max_key_size(self) -> int:
         return self._env.max_key
 
-    @contextmanager
-    def read(self) -> Iterator[_LMDBTxn]:
-        env = self._check_open()
-        env.gate.acquire_shared()
-        try:
-            txn = env.begin(write=False)
-            try:
-                yield _LMDBTxn(self, env, txn, write=False)
-            finally:
-                txn.abort()
-        finally:
-            env.gate.release_shared()
+    def read(self) -> _ReadContext:
+        return _ReadContext(self)
 
     @contextmanager
     def write(self) -> Iterator[_LMDBTxn]:

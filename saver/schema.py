@@ -93,8 +93,10 @@ def k(s: str) -> str | bytes:
     elem = _K_CACHE.get(s)
     if elem is None:
         raw = s.encode("utf-8", "surrogatepass")
-        elem = s if len(raw) + raw.count(0) <= _MAX_INLINE else (
-            raw[:24] + hashlib.sha256(raw).digest()[:16]
+        elem = (
+            s
+            if len(raw) + raw.count(0) <= _MAX_INLINE
+            else (raw[:24] + hashlib.sha256(raw).digest()[:16])
         )
         if len(_K_CACHE) >= 16384:
             _K_CACHE.clear()
@@ -227,9 +229,7 @@ def meta_key(entry: list[Any], checkpoint_id: str, thread: str, ns: str) -> byte
     return pack((META, entry[0], entry[1], k(checkpoint_id), k(thread), k(ns)))
 
 
-def meta_range(key: str, norm: Any, before_checkpoint_id: str | None = None) -> tuple[
-    bytes, bytes
-]:
+def meta_range(key: str, norm: Any, before_checkpoint_id: str | None = None) -> tuple[bytes, bytes]:
     start, stop = prefix_range((META, k(key), norm))
     if before_checkpoint_id is not None:
         stop = pack((META, k(key), norm, k(before_checkpoint_id)))
