@@ -19,6 +19,10 @@ The rules of LMDB that wrappers usually get wrong are each handled once, here:
   handle (closing it would release the parent's reader slots).
 * **Dead readers.** Reader slots left by killed processes are cleared
   (``reader_check``) at open and whenever the reader table fills up.
+* **Snapshots.** LMDB 0.9 can give a read transaction begun during two quick
+  commits of another process a newer snapshot than its id names, and the
+  next read an older one; every read transaction is checked and begun again
+  when that may have happened (``_Env._settled``), so reads never go back.
 * **Keys** longer than ``max_key_size()`` (511 bytes) raise ``KeyTooLongError``.
 
 Durability (``durability=``), each exactly as LMDB documents it:
