@@ -193,6 +193,9 @@ class _Env:
         self.queue_lock = threading.Lock()
         self.queue: list[_Request] = []
         self.leading = False  # a thread is committing batches of transact()
+        self.arrived = threading.Condition(self.queue_lock)  # see gather()
+        self.batch_sizes = (1, 1)  # the last two batches
+        self.commit_seconds = 0.0  # how long the last batch took
         self.gate = _SharedExclusive()
         if self.lock_fd is not None:
             os.close(self.lock_fd)  # inherited through fork(); the parent keeps its lock
@@ -250,6 +253,27 @@ class _Env:
             # parent's; then open the directory afresh.
             self.env.close()
             self._open()
+
+    def gather(self) -> list[_Request]:
+        """The next batch, for its leader. When the last batches were shared
+        by several threads, those threads are busy preparing their next
+        request right now: without waiting, the first to come back would
+        commit alone and the rest queue behind it, so batches alternate
+        between one and all-but-one. Wait until as many requests as the
+        larger of the last two batches are queued, for at most half a commit
+        (and _GATHER_MAX_SECONDS). A lone writer never waits."""
+        with self.arrived:
+            expect = max(self.batch_sizes)
+            if expect > 1 and len(self.queue) < expect:
+                deadline = time.monotonic() + min(_GATHER_MAX_SECONDS, self.commit_seconds / 2)
+                while len(self.queue) < expect:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self.arrived.wait(left)
+            batch, self.queue = self.queue, []
+        self.batch_sizes = (self.batch_sizes[1], len(batch))
+        return batch
 
     def check_not_writing(self) -> None:
         if self.writer == threading.get_ident():
@@ -411,6 +435,7 @@ class _Env:
 
 
 _SETTLE_TRIES = 32
+_GATHER_MAX_SECONDS = 0.002
 
 
 class _Request:
@@ -483,6 +508,7 @@ def _after_fork_child() -> None:
         env.write_lock = threading.Lock()
         env.writer = None
         env.queue_lock = threading.Lock()
+        env.arrived = threading.Condition(env.queue_lock)
         env.queue = []
         env.leading = False
         env.gate = _SharedExclusive()
@@ -787,13 +813,15 @@ class LMDBStore:
             env.queue.append(req)
             lead = not env.leading
             env.leading = True
+            env.arrived.notify()  # a gathering leader counts arrivals
         if not lead:
             req.wake.wait()  # done by a leader, or promoted to lead
         if not req.done:
-            with env.queue_lock:
-                batch, env.queue = env.queue, []
+            batch = env.gather()
             with env.writing():
+                started = time.monotonic()
                 self._run_batch(env, batch)
+                env.commit_seconds = time.monotonic() - started
             for r in batch:
                 r.wake.set()
             with env.queue_lock:

@@ -632,6 +632,40 @@ def test_concurrent_transact_isolates_failures(store: Any) -> None:
     assert sorted(data) == sorted(b"t%d-%02d" % ti for ti in ok)
 
 
+def test_lmdb_group_commit_gathers_concurrent_writers_but_never_a_lone_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After batches of two, a leader waits for a second request (the wait is
+    made long here, so the test does not depend on timing) and commits both
+    together; a writer that then writes alone stops expecting company after
+    two commits."""
+    store = LMDBStore(str(tmp_path / "g"))
+    env = store._env
+    sizes: list[int] = []
+    run_batch = store._run_batch
+
+    def counted(env_: Any, batch: list[Any]) -> None:
+        sizes.append(len(batch))
+        run_batch(env_, batch)
+
+    store._run_batch = counted  # type: ignore[method-assign]
+    monkeypatch.setattr(kv.lmdb_store, "_GATHER_MAX_SECONDS", 60.0)
+    env.batch_sizes, env.commit_seconds = (2, 2), 120.0
+    first = threading.Thread(target=store.transact, args=(lambda txn: txn.put(b"a", b"1"),))
+    first.start()
+    while not env.queue:  # the first request is queued; its leader gathers
+        time.sleep(0.001)
+    store.transact(lambda txn: txn.put(b"b", b"2"))
+    first.join(60)
+    assert sizes == [2]
+    assert dict(dump(store)) == {b"a": b"1", b"b": b"2"}
+    for i in range(2):  # each waits at most half of the last (real) commit
+        store.transact(lambda txn, i=i: txn.put(b"alone-%d" % i, b"x"))
+    assert sizes == [2, 1, 1]
+    assert env.batch_sizes == (1, 1)  # the next lone write will not wait at all
+    store.close()
+
+
 @pytest.mark.parametrize(
     "nesting", ["write-in-write", "transact-in-write", "write-in-transact", "transact-in-transact"]
 )
