@@ -127,6 +127,15 @@ def _collect(out: Any, count: int, timeout: float) -> list[tuple]:
     return got
 
 
+def _start(procs: list[Any], out: Any, go: Any) -> None:
+    """Start every process, wait until each says it is ready, then let them go."""
+    for p in procs:
+        p.start()
+    ready = _collect(out, len(procs), START_TIMEOUT)
+    assert all(m[0] == "ready" for m in ready), ready
+    go.set()
+
+
 def _reap(procs: list[Any]) -> None:
     for p in procs:
         p.join(10)
@@ -146,11 +155,7 @@ def test_readers_see_each_commit_whole_or_not_at_all(tmp_path: Path) -> None:
         for r in range(3)
     ]
     try:
-        for p in procs:
-            p.start()
-        ready = _collect(out, len(procs), START_TIMEOUT)
-        assert all(m[0] == "ready" for m in ready), ready
-        go.set()
+        _start(procs, out, go)
         results = {m[0]: m[1:] for m in _collect(out, len(procs), 60)}
     finally:
         go.set()
@@ -236,11 +241,7 @@ def test_reads_see_the_snapshot_their_id_names(tmp_path: Path) -> None:
         for r in range(3)
     ]
     try:
-        for p in procs:
-            p.start()
-        ready = _collect(out, len(procs), START_TIMEOUT)
-        assert all(m[0] == "ready" for m in ready), ready
-        go.set()
+        _start(procs, out, go)
         writer = _collect(out, 1, 60)[0]  # the writer reports when its time is up
         finished.set()
         results = _collect(out, 3, 60)
