@@ -31,6 +31,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import json
+import mmap
 import operator
 import os
 import random
@@ -757,10 +758,28 @@ def fork_pool_task(task: int) -> list[str]:
 # -- page cache probe (durability) ------------------------------------------------------
 
 
-def resident_pages(path: str | os.PathLike[str]) -> list[int]:
-    """Pages of a file still in the page cache after asking the kernel to drop
-    it (POSIX_FADV_DONTNEED drops clean, unmapped pages): the dirty ones, i.e.
-    not yet written to the disk. Nobody may have the file mapped."""
+_KPF_DIRTY, _KPF_WRITEBACK = 1 << 4, 1 << 8  # bits of /proc/kpageflags
+
+
+def unwritten_pages(path: str | os.PathLike[str]) -> list[int] | None:
+    """Pages of a file whose data is not on the disk yet: dirty, or being
+    written back, in the page cache. Read from the kernel's page flags
+    (/proc/self/pagemap gives each mapped page's frame, /proc/kpageflags its
+    flags; root only); None where they are not readable. Observing changes
+    nothing: an earlier version asked the kernel to drop the file's clean
+    pages (POSIX_FADV_DONTNEED) and kept what stayed, but that call also
+    starts writing dirty pages back, so a quick disk cleaned a page before
+    it was looked at (a CI failure). Nobody may write the file meanwhile."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    try:
+        pagemap = os.open("/proc/self/pagemap", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        kflags = os.open("/proc/kpageflags", os.O_RDONLY)
+    except OSError:
+        os.close(pagemap)
+        return None
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [
@@ -772,31 +791,38 @@ def resident_pages(path: str | os.PathLike[str]) -> list[int]:
         ctypes.c_long,
     ]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
         if size == 0:
             return []
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        addr = libc.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED; never touched
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
         if addr in (None, ctypes.c_void_p(-1).value):
             raise OSError(ctypes.get_errno(), "mmap failed")
         try:
-            page = os.sysconf("SC_PAGE_SIZE")
-            vec = (ctypes.c_ubyte * ((size + page - 1) // page))()
-            if libc.mincore(ctypes.c_void_p(addr), size, vec) != 0:
-                raise OSError(ctypes.get_errno(), "mincore failed")
-            return [i for i, v in enumerate(vec) if v & 1]
+            out = []
+            for i in range((size + page - 1) // page):
+                ctypes.string_at(addr + i * page, 1)  # fault it in: cached, or read clean
+                entry = int.from_bytes(os.pread(pagemap, 8, (addr // page + i) * 8), "little")
+                pfn = entry & ((1 << 55) - 1)
+                if not entry >> 63 or pfn == 0:
+                    return None  # not present, or frame numbers hidden (no CAP_SYS_ADMIN)
+                flags = int.from_bytes(os.pread(kflags, 8, pfn * 8), "little")
+                if flags & (_KPF_DIRTY | _KPF_WRITEBACK):
+                    out.append(i)
+            return out
         finally:
             libc.munmap(ctypes.c_void_p(addr), size)
     finally:
         os.close(fd)
+        os.close(pagemap)
+        os.close(kflags)
 
 
 def page_cache_probe_works(directory: str | os.PathLike[str]) -> bool:
-    """On a disk-backed filesystem, an fsynced file's pages can be dropped and
-    a freshly written one's cannot (they are dirty). Not so on tmpfs."""
+    """On a disk-backed filesystem, a freshly written file's pages are
+    unwritten and an fsynced one's are not. Not so on tmpfs, nor where the
+    kernel's page flags cannot be read."""
     synced, dirty = Path(directory) / "probe-synced", Path(directory) / "probe-dirty"
     try:
         with open(synced, "wb") as f:
@@ -805,7 +831,7 @@ def page_cache_probe_works(directory: str | os.PathLike[str]) -> bool:
             os.fsync(f.fileno())
         with open(dirty, "wb") as f:
             f.write(os.urandom(64 * 1024))
-        return resident_pages(synced) == [] and len(resident_pages(dirty)) > 0
+        return unwritten_pages(synced) == [] and bool(unwritten_pages(dirty))
     except OSError:
         return False
     finally:

@@ -285,8 +285,9 @@ def test_durability_what_reaches_the_disk(tmp_path: Path) -> None:
     "none": not even the data, until ``sync()``.
 
     A writer process commits, reports, and is SIGKILLed while idle; then the
-    page cache of data.mdb is asked to drop the file: only dirty pages (not
-    yet written to disk) stay. Meta pages are pages 0 and 1."""
+    kernel's page flags tell which pages of data.mdb are dirty or under
+    writeback, i.e. not on the disk yet (procs_helpers.unwritten_pages).
+    Meta pages are pages 0 and 1."""
     expected_flags = {
         "full": (True, True),
         "meta": (True, False),
@@ -328,11 +329,13 @@ def test_durability_what_reaches_the_disk(tmp_path: Path) -> None:
             assert report["ok"] and report["acked"] == 30, report
             p.kill()
             p.join(30)
-            resident[case] = H.resident_pages(d / "store" / "data.mdb")
+            unwritten = H.unwritten_pages(d / "store" / "data.mdb")
+            assert unwritten is not None  # the probe worked on this directory
+            resident[case] = unwritten
             with KVSaver(d / "store", readonly=True) as saver:
                 result = H.verify_loop_store(saver, [d / "acks" / "A.ack"])
             assert result["n"] == 0 and result["acked"] == 30, result
-    print(f"\ndirty pages of data.mdb after the last commit: {resident}")
+    print(f"\nunwritten pages of data.mdb after the last commit: {resident}")
     assert resident["full"] == []
     assert resident["meta"] and set(resident["meta"]) <= {0, 1}
     assert set(resident["none"]) - {0, 1}
