@@ -188,8 +188,10 @@ class _Env:
     def _open(self) -> None:
         self.write_lock = threading.Lock()
         self.writer: int | None = None  # thread holding write_lock (see writing())
+        self._writing = _Writing(self)
         self.noop_txnid = -1  # see commit_noop()
         self.over_cap = False  # a delete-only transaction is using the reserve
+        self.headroom_skips = 0  # see ensure_headroom()
         self.queue_lock = threading.Lock()
         self.queue: list[_Request] = []
         self.leading = False  # a thread is committing batches of transact()
@@ -227,6 +229,7 @@ class _Env:
             raise
         self.env.reader_check()
         self.max_key = self.env.max_key_size()
+        self.psize = int(self.env.stat()["psize"])
         # Last: check_fork()'s unlocked fast path reads pid, so another thread
         # of a forked child must not see our pid before the new env is ready.
         self.pid = os.getpid()
@@ -279,25 +282,17 @@ class _Env:
         if self.writer == threading.get_ident():
             raise RuntimeError("a write transaction is already open in this thread")
 
-    @contextmanager
-    def writing(self) -> Iterator[None]:
+    def writing(self) -> _Writing:
         """Hold the in-process write lock. It is not reentrant: a thread that
         already holds it gets a clear error instead of waiting for itself."""
-        self.check_not_writing()
-        with self.write_lock:
-            self.writer = threading.get_ident()
-            try:
-                yield
-            finally:
-                self.writer = None
+        return self._writing
 
     # -- map size -----------------------------------------------------------
     def map_size(self) -> int:
         return int(self.env.info()["map_size"])
 
     def used_bytes(self) -> int:
-        info = self.env.info()
-        return (int(info["last_pgno"]) + 1) * int(self.env.stat()["psize"])
+        return (int(self.env.info()["last_pgno"]) + 1) * self.psize
 
     def grow(
         self, minimum: int | None = None, *, adopt_only: bool = False, shrinking: bool = False
@@ -378,18 +373,26 @@ class _Env:
         closes its inherited handle. Not for a holder of the exclusive gate."""
         self.gate.acquire_shared()
         try:
-            return self.used_bytes(), self.map_size()
+            info = self.env.info()  # one call: each builds a dict
         finally:
             self.gate.release_shared()
+        return (int(info["last_pgno"]) + 1) * self.psize, int(info["map_size"])
 
     def ensure_headroom(self) -> None:
-        """Grow before a write when less than half of the map is free."""
+        """Grow before a write when less than half of the map is free. When
+        less than a quarter is used, the next _HEADROOM_SKIPS writes skip the
+        check (a write that overflows anyway is rerun after growing)."""
         if self.readonly:
+            return
+        if self.headroom_skips:
+            self.headroom_skips -= 1
             return
         used, size = self.sizes()
         cap = self.options["max_size"]
         if used * 2 > size and (cap is None or size < cap):
             self.grow(used)
+        elif used * 4 < size:
+            self.headroom_skips = _HEADROOM_SKIPS
 
     def begin(self, write: bool) -> lmdb.Transaction:
         """Begin a transaction; adopt another process's growth; clear dead readers."""
@@ -436,6 +439,28 @@ class _Env:
 
 _SETTLE_TRIES = 32
 _GATHER_MAX_SECONDS = 0.002
+_HEADROOM_SKIPS = 15
+
+
+class _Writing:
+    """The context manager of ``_Env.writing()`` (a class: it runs at every
+    write, and a @contextmanager generator costs microseconds more)."""
+
+    __slots__ = ("env",)
+
+    def __init__(self, env: _Env) -> None:
+        self.env = env
+
+    def __enter__(self) -> None:
+        env = self.env
+        env.check_not_writing()
+        env.write_lock.acquire()
+        env.writer = threading.get_ident()
+
+    def __exit__(self, *exc: object) -> None:
+        env = self.env
+        env.writer = None
+        env.write_lock.release()
 
 
 class _Request:
@@ -443,12 +468,17 @@ class _Request:
 
     __slots__ = ("done", "error", "fn", "result", "wake")
 
+    # wake: a lock created held, released once (by the leader that did this
+    # request's batch, or that promotes it to lead), acquired by the waiter:
+    # cheaper than a threading.Event, which builds a Condition.
+
     def __init__(self, fn: Callable[[Any], Any]) -> None:
         self.fn = fn
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = False
-        self.wake = threading.Event()
+        self.wake = threading.Lock()
+        self.wake.acquire()
 
     def finish(self, error: BaseException) -> None:
         self.error = error
@@ -815,7 +845,7 @@ class LMDBStore:
             env.leading = True
             env.arrived.notify()  # a gathering leader counts arrivals
         if not lead:
-            req.wake.wait()  # done by a leader, or promoted to lead
+            req.wake.acquire()  # done by a leader, or promoted to lead
         if not req.done:
             batch = env.gather()
             with env.writing():
@@ -823,10 +853,11 @@ class LMDBStore:
                 self._run_batch(env, batch)
                 env.commit_seconds = time.monotonic() - started
             for r in batch:
-                r.wake.set()
+                if r is not req:  # each request is woken once, and we are awake
+                    r.wake.release()
             with env.queue_lock:
                 if env.queue:
-                    env.queue[0].wake.set()  # the oldest waiter leads the next batch
+                    env.queue[0].wake.release()  # the oldest waiter leads the next batch
                 else:
                     env.leading = False
         if req.error is not None:

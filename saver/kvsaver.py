@@ -512,15 +512,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         checkpoint_id = str(checkpoint_id)
         task_id, task_path = str(task_id), str(task_path)
         dumps = self.serde.dumps_typed
-        entries = []
-        for idx, (channel, value) in enumerate(writes):
-            widx = WRITES_IDX_MAP.get(channel, idx)
-            entries.append(
-                (
-                    S.write_key(thread, ns, checkpoint_id, task_path, task_id, widx),
-                    S.encode_write(S.WriteRecord(task_id, channel, dumps(value), task_path, widx)),
-                )
-            )
+        idxs = [WRITES_IDX_MAP.get(channel, idx) for idx, (channel, _) in enumerate(writes)]
+        keys = S.write_keys(thread, ns, checkpoint_id, task_path, task_id, idxs)
+        entries = [
+            (key, S.encode_write(S.WriteRecord(task_id, channel, dumps(value), task_path, widx)))
+            for key, widx, (channel, value) in zip(keys, idxs, writes)
+        ]
         replace = all(channel in WRITES_IDX_MAP for channel, _ in writes)
         now = R.now_ms(self.clock)
 

@@ -57,7 +57,7 @@ Records are ormsgpack arrays; serde-typed payloads are stored as
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 import ormsgpack
@@ -162,6 +162,15 @@ def write_key(
     thread: str, ns: str, checkpoint_id: str, task_path: str, task_id: str, idx: int
 ) -> bytes:
     return pack((WRITE, k(thread), k(ns), k(checkpoint_id), k(task_path), k(task_id), idx))
+
+
+def write_keys(
+    thread: str, ns: str, checkpoint_id: str, task_path: str, task_id: str, idxs: Iterable[int]
+) -> list[bytes]:
+    """``write_key`` of each idx of one task's batch: the shared elements are
+    packed once (a packed tuple is its elements' encodings, concatenated)."""
+    prefix = pack((WRITE, k(thread), k(ns), k(checkpoint_id), k(task_path), k(task_id)))
+    return [prefix + pack((idx,)) for idx in idxs]
 
 
 def writes_range(

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import WRITES_IDX_MAP, BaseCheckpointSaver, writes_sort_key
 from langgraph.checkpoint.base.id import uuid6
@@ -752,3 +754,22 @@ async def test_concurrent_async_calls(kv: KVSaver) -> None:
     t5 = [i for i in range(150) if i % 7 == 5 and i % 3 != 1]
     t3 = max(i for i in range(150) if i % 7 == 3 and i % 3 != 1)
     assert sorted(left) == sorted([*t1, *t1, *t5, t3])
+
+
+_ids = st.text(max_size=40) | st.sampled_from(["", "a\x00b", "🦜", "x" * 600])
+
+
+@given(
+    thread=_ids,
+    ns=_ids,
+    cid=_ids,
+    path=_ids,
+    task=_ids,
+    idxs=st.lists(st.integers(min_value=-10, max_value=10**6), max_size=5),
+)
+def test_write_keys_are_write_key_of_each_idx(
+    thread: str, ns: str, cid: str, path: str, task: str, idxs: list[int]
+) -> None:
+    assert S.write_keys(thread, ns, cid, path, task, idxs) == [
+        S.write_key(thread, ns, cid, path, task, i) for i in idxs
+    ]
