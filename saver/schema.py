@@ -370,9 +370,17 @@ def decode_blob(raw: bytes | None) -> Typed | None:
     """The serde-typed value, or None for the "empty" marker or no blob."""
     if raw is None:
         return None
-    sep = raw.index(b"\x00")
-    type_ = raw[:sep].decode("ascii")
-    return None if type_ == EMPTY_TYPE else (type_, raw[sep + 1 :])
+    head, sep, body = raw.partition(b"\x00")
+    if not sep:
+        raise ValueError("a channel value record without its type")
+    type_ = _TYPE_NAMES.get(head) or head.decode("ascii")
+    return None if type_ == EMPTY_TYPE else (type_, body)
+
+
+# The serde types every read meets, decoded once (each channel of each read).
+_TYPE_NAMES = {
+    t.encode(): t for t in ("msgpack", "msgpack.zst", "null", "bytes", "bytearray", "json")
+}
 
 
 class WriteRecord(NamedTuple):
