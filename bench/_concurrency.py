@@ -9,7 +9,8 @@ Processes are spawned (fresh interpreters), open the store themselves
 connection), and start together at a barrier.
 
 threaded_put_writes(): T Python threads sharing one saver object, each writing
-``put_writes`` (3 writes) to its own thread id.
+``put_writes`` (3 writes) to its own thread id; the inputs are made ahead by
+put_writes_ops(), so the timed call is only saver calls (as everywhere else).
 """
 
 from __future__ import annotations
@@ -119,16 +120,27 @@ def readers_writer(name: str, workdir: str, readers: int = 3, window: float = 3.
     }
 
 
-def threaded_put_writes(
-    saver: Any, pool: ThreadPoolExecutor, threads: int, per_thread: int, prefix: str
-) -> None:
-    """``threads`` threads at once, each ``per_thread`` put_writes to its own thread id."""
+WritesOps = list[list[tuple[dict[str, Any], list[tuple[str, Any]], str]]]
 
-    def one(k: int) -> None:
+
+def put_writes_ops(threads: int, per_thread: int, prefix: str) -> WritesOps:
+    """The inputs of threaded_put_writes, made ahead (untimed): per thread,
+    ``per_thread`` (config, 3 writes, task id) on its own thread id."""
+    ops = []
+    for k in range(threads):
         thread = f"{prefix}-{k}"
         cfg = {"configurable": {"thread_id": thread, "checkpoint_ns": "", "checkpoint_id": thread}}
-        for i in range(per_thread):
-            saver.put_writes(cfg, writes_for(i), task_id(k * 100_000 + i))
+        ops.append([(cfg, writes_for(i), task_id(k * 100_000 + i)) for i in range(per_thread)])
+    return ops
 
-    for f in [pool.submit(one, k) for k in range(threads)]:
+
+def threaded_put_writes(saver: Any, pool: ThreadPoolExecutor, ops: WritesOps) -> None:
+    """One pool thread per list of ``ops``, all at once, each calling
+    ``put_writes`` for its list in order; returns when all are done."""
+
+    def one(mine: list[tuple[dict[str, Any], list[tuple[str, Any]], str]]) -> None:
+        for cfg, writes, tid in mine:
+            saver.put_writes(cfg, writes, tid)
+
+    for f in [pool.submit(one, mine) for mine in ops]:
         f.result()

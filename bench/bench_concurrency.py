@@ -26,7 +26,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _concurrency import readers_writer, threaded_put_writes
+from _concurrency import put_writes_ops, readers_writer, threaded_put_writes
 from _workloads import DISK_SAVERS, close_saver, label, make_saver, median
 
 WRITER_THREADS = 8
@@ -43,10 +43,11 @@ def test_8_writers(benchmark: Any, name: str, tmp_path: Any) -> None:
 
     def setup() -> tuple[tuple[Any, ...], dict]:
         r = next(counter)
+        alone = put_writes_ops(1, WRITER_THREADS * PER_THREAD, f"one-{r}")
         t0 = time.perf_counter()
-        threaded_put_writes(saver, pool, 1, WRITER_THREADS * PER_THREAD, f"one-{r}")
+        threaded_put_writes(saver, pool, alone)
         single.append(time.perf_counter() - t0)
-        return (saver, pool, WRITER_THREADS, PER_THREAD, f"eight-{r}"), {}
+        return (saver, pool, put_writes_ops(WRITER_THREADS, PER_THREAD, f"eight-{r}")), {}
 
     label(benchmark, "concurrency:8_writers", name, WRITER_THREADS * PER_THREAD)
     benchmark.pedantic(threaded_put_writes, setup=setup, rounds=5, warmup_rounds=1)
@@ -95,8 +96,9 @@ def main() -> None:
             pool = ThreadPoolExecutor(WRITER_THREADS)
             times = []
             for r in range(4):
+                ops = put_writes_ops(WRITER_THREADS, PER_THREAD, f"eight-{r}")
                 t0 = time.perf_counter()
-                threaded_put_writes(saver, pool, WRITER_THREADS, PER_THREAD, f"eight-{r}")
+                threaded_put_writes(saver, pool, ops)
                 times.append(time.perf_counter() - t0)
             pool.shutdown()
             close_saver(saver)
