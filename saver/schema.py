@@ -327,12 +327,16 @@ def make_checkpoint_record(
 
 
 def index_keys(rec: CheckpointRecord) -> list[bytes]:
-    """Every index key pointing at this checkpoint (id, run, metadata)."""
+    """Every index key pointing at this checkpoint (id, run, metadata): the
+    same bytes as by_id_key, run_key and meta_key, with the (checkpoint id,
+    thread, ns) elements they share packed once (put and every delete of a
+    checkpoint come here)."""
     t, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
-    keys = [by_id_key(cid, t, ns)]
+    tail = pack((k(cid), k(t), k(ns)))
+    keys = [pack((BY_ID,)) + tail]
     if rec.run_id is not None:
         keys.append(run_key(rec.run_id, t, ns, cid))
-    keys.extend(meta_key(e, cid, t, ns) for e in rec.meta)
+    keys.extend(pack((META, e[0], e[1])) + tail for e in rec.meta)
     return keys
 
 

@@ -773,3 +773,25 @@ def test_write_keys_are_write_key_of_each_idx(
     assert S.write_keys(thread, ns, cid, path, task, idxs) == [
         S.write_key(thread, ns, cid, path, task, i) for i in idxs
     ]
+
+
+@given(
+    thread=_ids,
+    ns=_ids,
+    cid=_ids,
+    run=st.none() | _ids,
+    metadata=st.dictionaries(
+        st.text(max_size=10), st.integers() | st.text(max_size=20) | st.booleans(), max_size=4
+    ),
+)
+def test_index_keys_are_the_keys_of_each_index(
+    thread: str, ns: str, cid: str, run: str | None, metadata: dict[str, Any]
+) -> None:
+    rec = S.make_checkpoint_record(
+        thread, ns, cid, None, ("null", b""), {**metadata, "run_id": run}, lambda v: ("x", b"")
+    )
+    expected = [S.by_id_key(cid, thread, ns)]
+    if run is not None:
+        expected.append(S.run_key(run, thread, ns, cid))
+    expected += [S.meta_key(e, cid, thread, ns) for e in rec.meta]
+    assert S.index_keys(rec) == expected
