@@ -4,8 +4,14 @@ their own test modules (or below, in their own section)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, settings
+from saver_helpers import BACKENDS, open_kv
+
+from saver import KVSaver
 
 # -- hypothesis ---------------------------------------------------------------
 # "ci" is the default everywhere (CI included): at least 1000 examples per
@@ -58,3 +64,15 @@ def pytest_sessionfinish(session, exitstatus):
         import shutil
 
         shutil.rmtree(_TMP, ignore_errors=True)
+
+
+# -- KVSaver on each backend ----------------------------------------------------
+# The saver test modules share it; test_saver_errors.py overrides it with a
+# seeded one.
+
+
+@pytest.fixture(params=BACKENDS)
+def kv(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KVSaver]:
+    saver = open_kv(request.param, tmp_path)
+    yield saver
+    saver.close()

@@ -37,13 +37,6 @@ from saver import KVSaver
 from saver import schema as S
 
 
-@pytest.fixture(params=BACKENDS)
-def kv(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KVSaver]:
-    saver = open_kv(request.param, tmp_path)
-    yield saver
-    saver.close()
-
-
 @pytest.fixture
 def mem() -> Iterator[KVSaver]:
     saver = KVSaver(":memory:")

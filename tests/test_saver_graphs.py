@@ -33,13 +33,6 @@ from saver_helpers_graphs import (
 from saver import KVSaver
 
 
-@pytest.fixture(params=BACKENDS)
-def kv(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KVSaver]:
-    saver = open_kv(request.param, tmp_path)
-    yield saver
-    saver.close()
-
-
 @pytest.fixture
 def ref() -> Iterator[SqliteSaver]:
     saver = sqlite_saver()
