@@ -16,6 +16,8 @@ import select
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -253,25 +255,36 @@ def test_fork_pool_workers_use_inherited_saver(tmp_path: Path) -> None:
         saver.close()
 
 
+@contextmanager
+def _read_held(saver: KVSaver) -> Iterator[threading.Event]:
+    """A read transaction of ``saver`` held open in another thread until the
+    yielded event is set (or the block ends); the thread is joined on exit."""
+    opened, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with saver.store.read():
+            opened.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    opened.wait(10)
+    try:
+        yield release
+    finally:
+        release.set()
+        holder.join()
+
+
 def test_fork_waits_for_a_short_read_in_another_thread(tmp_path: Path) -> None:
     saver = KVSaver(tmp_path / "store")
     try:
         ids = _put(saver, "t", 2)
-        opened, release = threading.Event(), threading.Event()
-
-        def hold() -> None:
-            with saver.store.read():
-                opened.set()
-                release.wait(10)
-
-        holder = threading.Thread(target=hold)
-        holder.start()
-        opened.wait(10)
-        threading.Timer(0.3, release.set).start()
-        t0 = time.monotonic()
-        code, out = _child(lambda: {"ok": _whole(saver, "t", ids), "new": _put(saver, "c", 1)})
-        waited = time.monotonic() - t0
-        holder.join()
+        with _read_held(saver) as release:
+            threading.Timer(0.3, release.set).start()
+            t0 = time.monotonic()
+            code, out = _child(lambda: {"ok": _whole(saver, "t", ids), "new": _put(saver, "c", 1)})
+            waited = time.monotonic() - t0
         assert code == 0 and out["ok"], out
         assert waited >= 0.2  # fork() waited for the read to finish
         assert _whole(saver, "c", out["new"])
@@ -291,16 +304,6 @@ def test_fork_during_a_long_read_gives_the_child_a_clear_error(
     saver = KVSaver(path)
     try:
         ids = _put(saver, "t", 2)
-        opened, release = threading.Event(), threading.Event()
-
-        def hold() -> None:
-            with saver.store.read():
-                opened.set()
-                release.wait(10)
-
-        holder = threading.Thread(target=hold)
-        holder.start()
-        opened.wait(10)
 
         def child() -> dict[str, Any]:
             out: dict[str, Any] = {}
@@ -316,11 +319,8 @@ def test_fork_during_a_long_read_gives_the_child_a_clear_error(
                 out["fresh"] = str(e)
             return out
 
-        try:
+        with _read_held(saver):
             code, out = _child(child)
-        finally:
-            release.set()
-            holder.join()
         assert code == 0, out
         for what in ("inherited", "fresh"):
             message = out[what]
