@@ -33,12 +33,17 @@ def _bot(state: ChatState) -> dict[str, Any]:
     return {"messages": [AIMessage(content=text, id=f"ai-{n}")], "turns": state.get("turns", 0) + 1}
 
 
+def _chain(builder: Any, *nodes: str) -> None:
+    """Edges START -> nodes[0] -> ... -> nodes[-1] -> END."""
+    for a, b in zip((START, *nodes), (*nodes, END)):
+        builder.add_edge(a, b)
+
+
 def chat_graph(checkpointer: Any) -> Any:
     """A chat loop: each invoke adds a human message and one bot reply."""
     builder = StateGraph(ChatState)
     builder.add_node("bot", _bot)
-    builder.add_edge(START, "bot")
-    builder.add_edge("bot", END)
+    _chain(builder, "bot")
     return builder.compile(checkpointer=checkpointer)
 
 
@@ -66,10 +71,7 @@ def approval_graph(checkpointer: Any) -> Any:
     builder.add_node("prepare", lambda s: {"log": ["prepared"]})
     builder.add_node("ask", _ask)
     builder.add_node("act", _act)
-    builder.add_edge(START, "prepare")
-    builder.add_edge("prepare", "ask")
-    builder.add_edge("ask", "act")
-    builder.add_edge("act", END)
+    _chain(builder, "prepare", "ask", "act")
     return builder.compile(checkpointer=checkpointer)
 
 
@@ -88,18 +90,12 @@ def nested_graph(checkpointer: Any) -> Any:
     sub.add_node("sub_a", lambda s: {"items": ["sub_a"]})
     sub.add_node("sub_review", _sub_review)
     sub.add_node("sub_b", lambda s: {"items": ["sub_b"]})
-    sub.add_edge(START, "sub_a")
-    sub.add_edge("sub_a", "sub_review")
-    sub.add_edge("sub_review", "sub_b")
-    sub.add_edge("sub_b", END)
+    _chain(sub, "sub_a", "sub_review", "sub_b")
     parent = StateGraph(SubState)
     parent.add_node("first", lambda s: {"items": ["first"]})
     parent.add_node("child", sub.compile())
     parent.add_node("last", lambda s: {"items": ["last"]})
-    parent.add_edge(START, "first")
-    parent.add_edge("first", "child")
-    parent.add_edge("child", "last")
-    parent.add_edge("last", END)
+    _chain(parent, "first", "child", "last")
     return parent.compile(checkpointer=checkpointer)
 
 
@@ -140,10 +136,7 @@ def counter_graph(checkpointer: Any) -> Any:
     builder.add_node("double", lambda s: {"value": s["value"] * 2, "trail": ["double"]})
     builder.add_node("inc", lambda s: {"value": s["value"] + 1, "trail": ["inc"]})
     builder.add_node("square", lambda s: {"value": s["value"] ** 2, "trail": ["square"]})
-    builder.add_edge(START, "double")
-    builder.add_edge("double", "inc")
-    builder.add_edge("inc", "square")
-    builder.add_edge("square", END)
+    _chain(builder, "double", "inc", "square")
     return builder.compile(checkpointer=checkpointer)
 
 
@@ -185,8 +178,7 @@ def memory_subgraph_graph(checkpointer: Any) -> Any:
     the parent's runs, in a stable namespace ("call")."""
     sub = StateGraph(LogState)
     sub.add_node("remember", lambda s: {"log": [f"n{len(s['log'])}"]})
-    sub.add_edge(START, "remember")
-    sub.add_edge("remember", END)
+    _chain(sub, "remember")
     subgraph = sub.compile(checkpointer=True)
 
     def call(state: NoteState) -> dict[str, Any]:
@@ -195,9 +187,7 @@ def memory_subgraph_graph(checkpointer: Any) -> Any:
     builder = StateGraph(NoteState)
     builder.add_node("agent", lambda s: {"notes": ["p"]})
     builder.add_node("call", call)
-    builder.add_edge(START, "agent")
-    builder.add_edge("agent", "call")
-    builder.add_edge("call", END)
+    _chain(builder, "agent", "call")
     return builder.compile(checkpointer=checkpointer)
 
 
