@@ -63,7 +63,6 @@ open holds a shared ``fcntl`` lock on its first byte.
 from __future__ import annotations
 
 import fcntl
-import itertools
 import os
 import threading
 import time
@@ -428,13 +427,12 @@ class _Env:
         snapshot are safe meanwhile (LMDB keeps every page a reader of N may
         see). A writer committing faster than we can begin falls back, after
         ``_SETTLE_TRIES``, to accepting N+1: then slot N % 2 is still N's."""
-        for attempt in itertools.count():
-            last = int(self.env.info()["last_txnid"])
-            if last <= txn.id() + (attempt >= _SETTLE_TRIES):
-                return txn
+        attempt = 0
+        while int(self.env.info()["last_txnid"]) > txn.id() + (attempt >= _SETTLE_TRIES):
             txn.abort()
             txn = self.env.begin(write=False, buffers=False)
-        raise AssertionError("unreachable")
+            attempt += 1
+        return txn
 
 
 _SETTLE_TRIES = 32
