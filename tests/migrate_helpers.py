@@ -20,6 +20,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import Command, Interrupt, Send, interrupt
+from saver_helpers_graphs import chain
 
 from kv import Store
 from kv.keys import prefix_range
@@ -57,9 +58,7 @@ def chat_graph(saver: BaseCheckpointSaver) -> Any:
     g = StateGraph(Chat)
     g.add_node("remember", _remember)
     g.add_node("reply", _reply)
-    g.add_edge(START, "remember")
-    g.add_edge("remember", "reply")
-    g.add_edge("reply", END)
+    chain(g, "remember", "reply")
     return g.compile(checkpointer=saver)
 
 
@@ -76,8 +75,7 @@ def _decide(state: Approval) -> dict[str, Any]:
 def approval_graph(saver: BaseCheckpointSaver) -> Any:
     g = StateGraph(Approval)
     g.add_node("decide", _decide)
-    g.add_edge(START, "decide")
-    g.add_edge("decide", END)
+    chain(g, "decide")
     return g.compile(checkpointer=saver)
 
 
@@ -99,17 +97,12 @@ def subgraph_graph(saver: BaseCheckpointSaver) -> Any:
     child = StateGraph(Outer)
     child.add_node("ask", _ask_name)
     child.add_node("greet", _greet)
-    child.add_edge(START, "ask")
-    child.add_edge("ask", "greet")
-    child.add_edge("greet", END)
+    chain(child, "ask", "greet")
     g = StateGraph(Outer)
     g.add_node("prep", lambda s: {"log": ["prep"]})
     g.add_node("child", child.compile())
     g.add_node("done", lambda s: {"log": ["done"]})
-    g.add_edge(START, "prep")
-    g.add_edge("prep", "child")
-    g.add_edge("child", "done")
-    g.add_edge("done", END)
+    chain(g, "prep", "child", "done")
     return g.compile(checkpointer=saver)
 
 

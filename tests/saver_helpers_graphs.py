@@ -33,7 +33,7 @@ def _bot(state: ChatState) -> dict[str, Any]:
     return {"messages": [AIMessage(content=text, id=f"ai-{n}")], "turns": state.get("turns", 0) + 1}
 
 
-def _chain(builder: Any, *nodes: str) -> None:
+def chain(builder: Any, *nodes: str) -> None:
     """Edges START -> nodes[0] -> ... -> nodes[-1] -> END."""
     for a, b in zip((START, *nodes), (*nodes, END)):
         builder.add_edge(a, b)
@@ -43,7 +43,7 @@ def chat_graph(checkpointer: Any) -> Any:
     """A chat loop: each invoke adds a human message and one bot reply."""
     builder = StateGraph(ChatState)
     builder.add_node("bot", _bot)
-    _chain(builder, "bot")
+    chain(builder, "bot")
     return builder.compile(checkpointer=checkpointer)
 
 
@@ -71,7 +71,7 @@ def approval_graph(checkpointer: Any) -> Any:
     builder.add_node("prepare", lambda s: {"log": ["prepared"]})
     builder.add_node("ask", _ask)
     builder.add_node("act", _act)
-    _chain(builder, "prepare", "ask", "act")
+    chain(builder, "prepare", "ask", "act")
     return builder.compile(checkpointer=checkpointer)
 
 
@@ -90,12 +90,12 @@ def nested_graph(checkpointer: Any) -> Any:
     sub.add_node("sub_a", lambda s: {"items": ["sub_a"]})
     sub.add_node("sub_review", _sub_review)
     sub.add_node("sub_b", lambda s: {"items": ["sub_b"]})
-    _chain(sub, "sub_a", "sub_review", "sub_b")
+    chain(sub, "sub_a", "sub_review", "sub_b")
     parent = StateGraph(SubState)
     parent.add_node("first", lambda s: {"items": ["first"]})
     parent.add_node("child", sub.compile())
     parent.add_node("last", lambda s: {"items": ["last"]})
-    _chain(parent, "first", "child", "last")
+    chain(parent, "first", "child", "last")
     return parent.compile(checkpointer=checkpointer)
 
 
@@ -136,7 +136,7 @@ def counter_graph(checkpointer: Any) -> Any:
     builder.add_node("double", lambda s: {"value": s["value"] * 2, "trail": ["double"]})
     builder.add_node("inc", lambda s: {"value": s["value"] + 1, "trail": ["inc"]})
     builder.add_node("square", lambda s: {"value": s["value"] ** 2, "trail": ["square"]})
-    _chain(builder, "double", "inc", "square")
+    chain(builder, "double", "inc", "square")
     return builder.compile(checkpointer=checkpointer)
 
 
@@ -178,7 +178,7 @@ def memory_subgraph_graph(checkpointer: Any) -> Any:
     the parent's runs, in a stable namespace ("call")."""
     sub = StateGraph(LogState)
     sub.add_node("remember", lambda s: {"log": [f"n{len(s['log'])}"]})
-    _chain(sub, "remember")
+    chain(sub, "remember")
     subgraph = sub.compile(checkpointer=True)
 
     def call(state: NoteState) -> dict[str, Any]:
@@ -187,7 +187,7 @@ def memory_subgraph_graph(checkpointer: Any) -> Any:
     builder = StateGraph(NoteState)
     builder.add_node("agent", lambda s: {"notes": ["p"]})
     builder.add_node("call", call)
-    _chain(builder, "agent", "call")
+    chain(builder, "agent", "call")
     return builder.compile(checkpointer=checkpointer)
 
 
@@ -254,19 +254,14 @@ def snap(s: StateSnapshot) -> dict[str, Any]:
 def history(graph: Any, config: dict[str, Any]) -> list[dict[str, Any]]:
     """The state history, newest first, with each entry's parent given as a
     position in the same list (the shape of the tree, without the ids)."""
-    items = list(graph.get_state_history(config))
-    pos = {s.config["configurable"]["checkpoint_id"]: i for i, s in enumerate(items)}
-    out = []
-    for s in items:
-        entry = snap(s)
-        parent = s.parent_config["configurable"]["checkpoint_id"] if s.parent_config else None
-        entry["parent_pos"] = pos.get(parent) if parent else None
-        out.append(entry)
-    return out
+    return _tree(list(graph.get_state_history(config)))
 
 
 async def ahistory(graph: Any, config: dict[str, Any]) -> list[dict[str, Any]]:
-    items = [s async for s in graph.aget_state_history(config)]
+    return _tree([s async for s in graph.aget_state_history(config)])
+
+
+def _tree(items: list[Any]) -> list[dict[str, Any]]:
     pos = {s.config["configurable"]["checkpoint_id"]: i for i, s in enumerate(items)}
     out = []
     for s in items:

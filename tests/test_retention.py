@@ -15,8 +15,9 @@ import pytest
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.base.id import uuid6
-from langgraph.graph import END, START, StateGraph
+from langgraph.graph import START, StateGraph
 from langgraph.types import Command, interrupt
+from saver_helpers_graphs import chain
 
 from kv import MemoryStore
 from kv.keys import unpack
@@ -87,8 +88,7 @@ def chat_graph(saver: KVSaver) -> Any:
 
     b = StateGraph(Chat)
     b.add_node("reply", reply)
-    b.add_edge(START, "reply")
-    b.add_edge("reply", END)
+    chain(b, "reply")
     return b.compile(checkpointer=saver)
 
 
@@ -113,9 +113,7 @@ def approval_graph(saver: KVSaver, *, subgraph: bool = False) -> Any:
     b = StateGraph(Chat)
     b.add_node("reply", reply)
     b.add_node("ask", ask_node)
-    b.add_edge(START, "reply")
-    b.add_edge("reply", "ask")
-    b.add_edge("ask", END)
+    chain(b, "reply", "ask")
     return b.compile(checkpointer=saver)
 
 
@@ -134,8 +132,7 @@ def delta_graph(saver: KVSaver) -> Any:
 
     b = StateGraph(DeltaState)
     b.add_node("node", node)
-    b.add_edge(START, "node")
-    b.add_edge("node", END)
+    chain(b, "node")
     return b.compile(checkpointer=saver)
 
 
