@@ -23,6 +23,10 @@ The rules of LMDB that wrappers usually get wrong are each handled once, here:
   commits of another process a newer snapshot than its id names, and the
   next read an older one; every read transaction is checked and begun again
   when that may have happened (``_Env._settled``), so reads never go back.
+* **Zeroing ahead.** Where commits fsync, the data file is written (zeros)
+  a little past LMDB's last page, so commits overwrite blocks rather than
+  extend the file, which makes each ``fdatasync`` cheaper
+  (``_Env.zero_ahead``).
 * **Keys** longer than ``max_key_size()`` (511 bytes) raise ``KeyTooLongError``.
 
 Durability (``durability=``), each exactly as LMDB documents it:
@@ -198,6 +202,13 @@ class _Env:
         self.batch_sizes = (1, 1)  # the last two batches
         self.commit_seconds = 0.0  # how long the last batch took
         self.gate = _SharedExclusive()
+        # Zeroing ahead (see zero_ahead()): the data file's end we know is
+        # written, and the fd we write through; only where commits fsync.
+        if getattr(self, "data_fd", None) is not None:
+            os.close(self.data_fd)  # inherited through fork()
+        self.data_fd: int | None = None
+        self.zeroed_to = 0
+        self.zeroing = not self.readonly and self.options["durability"] != "none"
         if self.lock_fd is not None:
             os.close(self.lock_fd)  # inherited through fork(); the parent keeps its lock
         self.lock_fd = _hold_shared(self.path, self.readonly)
@@ -393,6 +404,56 @@ class _Env:
         elif used * 4 < size:
             self.headroom_skips = _HEADROOM_SKIPS
 
+    def zero_ahead(self) -> None:
+        """Write zeros to the data file past LMDB's last page, ahead of need.
+
+        A commit whose pages extend the file (every commit of a growing
+        store: checkpoints accumulate) makes ``fdatasync`` also commit the
+        filesystem's block allocation and size change, which on ext4 costs
+        about as much again as flushing the data (measured: 340-450 µs
+        against 205 µs for 3 pages; a raw LMDB commit of a put 0.9-1.1 ms
+        against 0.5-0.6 ms into a zeroed file). So the file is kept written
+        ahead: zeros, which LMDB overwrites in place, as PostgreSQL zeroes a
+        WAL segment before use. ``fallocate`` would not do: it leaves
+        unwritten extents, whose first write is an allocation again.
+
+        Caller is inside a write transaction, so it holds LMDB's writer
+        mutex: no process writes pages meanwhile (LMDB writes pages only when
+        it commits), and bytes past the file's end belong to nobody. A chunk
+        is 1/32 of the data in use, between 1 and 8 MiB, never past the map
+        size; nothing is written when the disk has less than 16 chunks free,
+        and any failure (a full disk) truncates the zeros away and stops
+        zeroing for this process: it is only an optimization."""
+        info = self.env.info()
+        used = (int(info["last_pgno"]) + 1) * self.psize
+        chunk = min(max(used // 32, _ZERO_MIN), _ZERO_MAX) // _PAGE * _PAGE
+        if used + chunk // 2 <= self.zeroed_to:
+            return
+        path = os.path.join(self.path, "data.mdb")
+        if self.data_fd is None:
+            self.data_fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        end = os.fstat(self.data_fd).st_size  # another process may have zeroed
+        target = min(used + chunk, int(info["map_size"]), self.options["max_size"] or 1 << 62)
+        if end >= target - chunk // 2:
+            self.zeroed_to = end
+            return
+        try:
+            vfs = os.statvfs(self.path)
+            if vfs.f_bavail * vfs.f_frsize < 16 * chunk:
+                return
+            zeros = bytes(min(target - end, _ZERO_MIN))
+            at = end
+            while at < target:
+                at += os.pwrite(self.data_fd, zeros[: target - at], at)
+        except OSError:
+            self.zeroing = False
+            try:
+                os.ftruncate(self.data_fd, end)
+            except OSError:
+                pass
+            return
+        self.zeroed_to = target
+
     def begin(self, write: bool) -> lmdb.Transaction:
         """Begin a transaction; adopt another process's growth; clear dead readers."""
         for _ in range(8):
@@ -436,6 +497,8 @@ class _Env:
 
 
 _SETTLE_TRIES = 32
+_ZERO_MIN = 1 << 20
+_ZERO_MAX = 8 << 20
 _GATHER_MAX_SECONDS = 0.002
 _HEADROOM_SKIPS = 15
 
@@ -809,6 +872,8 @@ class LMDBStore:
             cleaned = False
             try:
                 wrapper = _LMDBTxn(self, env, env.begin(write=True), write=True)
+                if env.zeroing:
+                    env.zero_ahead()
                 try:
                     yield wrapper
                 except BaseException:
@@ -874,6 +939,8 @@ class LMDBStore:
         try:
             while True:
                 txn = env.begin(write=True)
+                if env.zeroing:
+                    env.zero_ahead()
                 try:
                     for r in batch:
                         r.result, r.error = None, None
@@ -1028,6 +1095,9 @@ def _release(key: str, env: _Env) -> None:
             del _REGISTRY[key]
         if env.pid == os.getpid():
             env.env.close()
+            if env.data_fd is not None:
+                os.close(env.data_fd)
+                env.data_fd = None
             if env.lock_fd is not None:  # after the files are closed: compaction may start
                 os.close(env.lock_fd)
                 env.lock_fd = None

@@ -847,6 +847,79 @@ def test_lmdb_durability_option(tmp_path: Path) -> None:
             assert dump(store) == [(b"a", b"1")]
 
 
+def _file_tail(path: Path, start: int) -> bytes:
+    with open(path / "data.mdb", "rb") as f:
+        f.seek(start)
+        return f.read()
+
+
+def test_lmdb_zeroes_the_file_ahead_of_its_pages_where_commits_sync(tmp_path: Path) -> None:
+    """durability full/meta: the data file is written (zeros) ahead of LMDB's
+    last page, so a commit overwrites blocks instead of extending the file;
+    never at "none" (no fsync to spare) and never read-only."""
+    value = os.urandom(3000)
+    for durability in ("full", "meta", "none"):
+        path = tmp_path / durability
+        with LMDBStore(path, durability=durability) as store:  # type: ignore[arg-type]
+            for i in range(40):
+                store.transact(lambda txn, i=i: txn.put(b"k%03d" % i, value))
+            info = store.info()
+            if durability == "none":
+                assert info["file_bytes"] == info["used_bytes"]
+            else:
+                assert info["file_bytes"] >= info["used_bytes"] + (512 << 10)
+                assert set(_file_tail(path, info["used_bytes"])) == {0}
+        # A fresh process sees every record: the zeros are past every page.
+        code = (
+            "import sys; from kv import LMDBStore\n"
+            "s = LMDBStore(sys.argv[1], readonly=True)\n"
+            "with s.read() as t: print(len(list(t.scan(None, None))))"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(path)],
+            env=CHILD_ENV,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert out.stdout.strip() == "40"
+    before = os.path.getsize(tmp_path / "none" / "data.mdb")
+    with LMDBStore(tmp_path / "none", readonly=True) as ro:
+        with ro.read() as txn:
+            assert txn.get(b"k000") == value
+    assert os.path.getsize(tmp_path / "none" / "data.mdb") == before
+
+
+def test_lmdb_zeroing_ahead_never_passes_the_cap_nor_outlives_a_write_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cap = 1 << 20
+    with LMDBStore(tmp_path / "cap", max_size=cap, map_size=32768) as store:
+        with pytest.raises(StoreFullError):
+            for i in range(1000):
+                store.transact(lambda txn, i=i: txn.put(b"k%04d" % i, b"v" * 8000))
+        assert os.path.getsize(tmp_path / "cap" / "data.mdb") <= cap
+    # A failing zero write (a full disk) is cut back off the file, zeroing
+    # stops, and the transaction it ran in commits as if nothing happened.
+    import kv.lmdb_store as lmdb_store
+
+    calls = []
+
+    def failing(fd: int, data: bytes, offset: int) -> int:
+        calls.append(offset)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(lmdb_store.os, "pwrite", failing)
+    path = tmp_path / "enospc"
+    with LMDBStore(path) as store:
+        for i in range(20):
+            store.transact(lambda txn, i=i: txn.put(b"k%03d" % i, b"v" * 3000))
+        info = store.info()
+        assert len(calls) == 1  # tried once, then left alone
+        assert info["file_bytes"] == info["used_bytes"]
+        assert len(dump(store)) == 20
+
+
 def test_lmdb_path_that_is_a_file_is_not_a_store(tmp_path: Path) -> None:
     path = tmp_path / "notes.txt"
     path.write_bytes(b"my notes\n")
