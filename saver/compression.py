@@ -22,6 +22,17 @@ recognizes only ``JsonPlusSerializer`` and ``EncryptedSerializer(cipher,
 JsonPlusSerializer)``; ``with_msgpack_allowlist`` below looks through our
 wrapper so the allowlist reaches the ``JsonPlusSerializer`` inside it.
 
+Decompressed values are kept in a small cache (``cache_bytes``, 8 MiB by
+default), keyed by the compressed bytes themselves, so it can never return
+stale data: the same stored bytes always decompress to the same value. Its
+use is the read of a thread's latest checkpoint, which every ``invoke`` and
+``get_state`` repeats, mostly with the same channel blobs as the last time:
+it skips their zstd decompression (12-15 µs for a 7 KB message list here,
+5 µs even for a small one). ``dumps_typed`` fills it too, so the read that
+follows a ``put`` is a hit. RocksDB's block cache keeps uncompressed blocks
+for the same reason. Only the bytes are cached, never the loaded objects
+(callers own and may mutate those).
+
 zstandard, not zlib (measured on 58 KB of msgpack'd chat messages): zstd
 level 1 makes 0.28 of it in 0.27 ms, zlib's fastest level 0.31 in 0.72 ms, and
 zlib's default level is slower still; zstd also decompresses several times
@@ -34,6 +45,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Collection
 from typing import Any
 
@@ -43,6 +55,7 @@ from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 __all__ = [
+    "DEFAULT_CACHE_BYTES",
     "DEFAULT_LEVEL",
     "DEFAULT_THRESHOLD",
     "SUFFIX",
@@ -59,6 +72,40 @@ DEFAULT_THRESHOLD = 512  # bytes; below it the zstd frame overhead eats the gain
 # 3 compresses only ~1% smaller and takes ~20% longer, and every superstep
 # compresses the whole of each changed channel again.
 DEFAULT_LEVEL = 1
+DEFAULT_CACHE_BYTES = 8 << 20
+
+
+class _Inflated:
+    """Decompressed bytes by compressed bytes: least recently used first out,
+    at most ``max_bytes`` of both together. Values over 1/8 of it are not kept."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.size = 0
+        self.items: OrderedDict[bytes, bytes] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, packed: bytes) -> bytes | None:
+        plain = self.items.get(packed)
+        if plain is not None:
+            try:
+                self.items.move_to_end(packed)
+            except KeyError:  # evicted by another thread meanwhile
+                pass
+        return plain
+
+    def add(self, packed: bytes, plain: bytes) -> None:
+        cost = len(packed) + len(plain)
+        if cost > self.max_bytes >> 3 or type(packed) is not bytes:
+            return
+        with self.lock:
+            if packed in self.items:
+                return
+            self.items[packed] = plain
+            self.size += cost
+            while self.size > self.max_bytes:
+                old, old_plain = self.items.popitem(last=False)
+                self.size -= len(old) + len(old_plain)
 
 
 class CompressingSerializer(SerializerProtocol):
@@ -69,6 +116,8 @@ class CompressingSerializer(SerializerProtocol):
         threshold: compress values of at least this many bytes; ``None``
             never compresses (values already compressed still load).
         level: zstd level (1 fast ... 19 small; default 1, see DEFAULT_LEVEL).
+        cache_bytes: memory for recently decompressed values (see the module
+            docstring); 0 turns the cache off.
     """
 
     def __init__(
@@ -77,14 +126,19 @@ class CompressingSerializer(SerializerProtocol):
         *,
         threshold: int | None = DEFAULT_THRESHOLD,
         level: int = DEFAULT_LEVEL,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
     ) -> None:
         if threshold is not None and (not isinstance(threshold, int) or threshold < 0):
             raise ValueError(f"threshold must be a non-negative int or None, got {threshold!r}")
         if not isinstance(level, int) or not 1 <= level <= 22:
             raise ValueError(f"zstd level must be an int from 1 to 22, got {level!r}")
+        if not isinstance(cache_bytes, int) or cache_bytes < 0:
+            raise ValueError(f"cache_bytes must be a non-negative int, got {cache_bytes!r}")
         self.serde: SerializerProtocol = serde if serde is not None else JsonPlusSerializer()
         self.threshold = threshold
         self.level = level
+        self.cache_bytes = cache_bytes
+        self._inflated = _Inflated(cache_bytes)
         # zstd contexts must not be shared by concurrent threads (async
         # methods run in worker threads): one pair per thread.
         self._local = threading.local()
@@ -108,24 +162,32 @@ class CompressingSerializer(SerializerProtocol):
         packed = self._compressor().compress(data)
         if len(packed) > len(data) - (len(data) >> 4):
             return typ, data  # saves less than 1/16: not worth a decompression
+        self._inflated.add(packed, data)  # the next read of this value is likely soon
         return typ + SUFFIX, packed
 
     def loads_typed(self, data: tuple[str, bytes]) -> Any:
         typ, raw = data
         if typ.endswith(SUFFIX):
-            typ, raw = typ[: -len(SUFFIX)], self._decompressor().decompress(raw)
+            plain = self._inflated.get(raw)
+            if plain is None:
+                plain = self._decompressor().decompress(raw)
+                self._inflated.add(raw, plain)
+            typ, raw = typ[: -len(SUFFIX)], plain
         return self.serde.loads_typed((typ, raw))
 
     def with_inner(self, serde: SerializerProtocol) -> CompressingSerializer:
         """The same settings around another inner serializer."""
-        return CompressingSerializer(serde, threshold=self.threshold, level=self.level)
+        return CompressingSerializer(
+            serde, threshold=self.threshold, level=self.level, cache_bytes=self.cache_bytes
+        )
 
     def __copy__(self) -> CompressingSerializer:
         return self.with_inner(self.serde)  # fresh thread-local contexts
 
     def __repr__(self) -> str:
         return (
-            f"CompressingSerializer({self.serde!r}, threshold={self.threshold}, level={self.level})"
+            f"CompressingSerializer({self.serde!r}, threshold={self.threshold}, "
+            f"level={self.level}, cache_bytes={self.cache_bytes})"
         )
 
 

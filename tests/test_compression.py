@@ -118,8 +118,62 @@ def test_wrap_puts_compression_inside_encryption_and_never_twice() -> None:
     assert isinstance(plain, CompressingSerializer) and C.wrap(plain) is plain
 
 
-def test_concurrent_threads_round_trip() -> None:
-    serde = CompressingSerializer(threshold=64)
+class _Counting:
+    """A zstd decompressor that counts its calls."""
+
+    def __init__(self) -> None:
+        import zstandard
+
+        self.inner = zstandard.ZstdDecompressor()
+        self.calls = 0
+
+    def decompress(self, data: bytes) -> bytes:
+        self.calls += 1
+        return self.inner.decompress(data)
+
+
+def test_decompressed_bytes_are_cached_by_the_compressed_bytes() -> None:
+    writer = CompressingSerializer(threshold=100)
+    value = {"text": words(3000)}
+    typed = writer.dumps_typed(value)
+    assert typed[0].endswith(C.SUFFIX)
+    counting = _Counting()
+    writer._decompressor = lambda: counting  # type: ignore[method-assign]
+    assert writer.loads_typed(typed) == value
+    assert counting.calls == 0  # dumps_typed filled the cache: the next read is a hit
+    reader = CompressingSerializer(threshold=100)
+    reader._decompressor = lambda: counting  # type: ignore[method-assign]
+    first, second = reader.loads_typed(typed), reader.loads_typed((typed[0], bytes(typed[1])))
+    assert first == second == value and counting.calls == 1
+    first["text"] = "changed by the caller"  # loaded objects are the caller's own
+    assert reader.loads_typed(typed) == value
+    other = writer.dumps_typed({"text": words(3000, seed=1)})
+    assert reader.loads_typed(other) == {"text": words(3000, seed=1)}
+    assert counting.calls == 2  # other bytes, another entry: never a stale value
+
+
+@pytest.mark.parametrize("cache_bytes", [0, 64 << 10])
+def test_the_cache_stays_within_its_bytes(cache_bytes: int) -> None:
+    serde = CompressingSerializer(threshold=100, cache_bytes=cache_bytes)
+    for i in range(200):
+        value = {"i": i, "text": words(1000 + i, seed=i)}
+        typed = serde.dumps_typed(value)
+        assert serde.loads_typed(typed) == value
+        assert serde._inflated.size <= cache_bytes
+    if cache_bytes:
+        assert len(serde._inflated.items) > 5  # it does keep the recent ones
+        assert serde._inflated.size == sum(
+            len(k) + len(v) for k, v in serde._inflated.items.items()
+        )
+    else:
+        assert not serde._inflated.items
+    with pytest.raises(ValueError, match="cache_bytes"):
+        CompressingSerializer(cache_bytes=-1)
+
+
+@pytest.mark.parametrize("cache_bytes", [C.DEFAULT_CACHE_BYTES, 32 << 10])
+def test_concurrent_threads_round_trip(cache_bytes: int) -> None:
+    serde = CompressingSerializer(threshold=64, cache_bytes=cache_bytes)
     values = [{"i": i, "text": words(500 + i, seed=i)} for i in range(64)]
     errors: list[BaseException] = []
 
@@ -206,6 +260,25 @@ def test_old_uncompressed_values_still_read_after_enabling_compression(tmp_path:
     with KVSaver(path, compress=False) as saver:  # and switching it off again reads both
         assert latest_values(saver, "old") == {"text": old_text}
         assert latest_values(saver, "new") == {"text": new_text}
+
+
+def test_a_thread_deleted_and_written_again_under_the_same_versions_reads_the_new_values(
+    tmp_path: Any,
+) -> None:
+    """Blob keys repeat after delete_thread (versions start again at 1): the
+    decompression cache is keyed by content, so it cannot serve the old value."""
+    saver = KVSaver(str(tmp_path / "kv"))
+    old = {"messages": words(3000, seed=1)}
+    put(saver, "t", old)
+    assert latest_values(saver, "t") == old
+    saver.delete_thread("t")
+    new = {"messages": words(3000, seed=2)}
+    put(saver, "t", new)
+    assert latest_values(saver, "t") == new
+    other = KVSaver(str(tmp_path / "kv"))  # a second saver (its own cache) agrees
+    assert latest_values(other, "t") == new
+    saver.close()
+    other.close()
 
 
 def test_compress_threshold_option(tmp_path: Any) -> None:
