@@ -393,10 +393,15 @@ def serialize_put(serde: Any, a: PutArgs) -> None:
     serde.dumps_typed(a.metadata)
 
 
-def raw_lmdb(path: str) -> lmdb.Environment:
-    """A py-lmdb environment with exactly KVSaver's settings (durability "full")."""
+def raw_lmdb(path: str, zeroed: bool = False) -> lmdb.Environment:
+    """A py-lmdb environment with exactly KVSaver's settings (durability "full").
+
+    ``zeroed``: the data file is first written with 16 MiB of zeros past
+    LMDB's pages and synced, as KVSaver keeps its file (kv/lmdb_store.py,
+    ``_Env.zero_ahead``), so commits overwrite blocks instead of extending
+    the file: the floor of what a store doing that can reach."""
     os.makedirs(path, exist_ok=True)
-    return lmdb.open(
+    env = lmdb.open(
         path,
         map_size=64 << 20,
         subdir=True,
@@ -408,6 +413,14 @@ def raw_lmdb(path: str) -> lmdb.Environment:
         sync=True,
         metasync=True,
     )
+    if zeroed:
+        raw_commit(env, [(b"\x00", b"")])  # the file exists, with its meta pages
+        with open(os.path.join(path, "data.mdb"), "r+b") as f:
+            f.seek(0, os.SEEK_END)
+            f.write(bytes(16 << 20))
+            f.flush()
+            os.fdatasync(f.fileno())
+    return env
 
 
 def raw_commit(env: lmdb.Environment, pairs: list[tuple[bytes, bytes]]) -> None:

@@ -83,10 +83,15 @@ def test_put_floor_serialize(benchmark: Any) -> None:
     benchmark.pedantic(run, setup=lambda: ((_ops(saver),), {}), rounds=15, warmup_rounds=2)
 
 
-def test_put_floor_lmdb_commit(benchmark: Any, tmp_path: Any) -> None:
-    """One raw py-lmdb write transaction per put, of the very bytes KVSaver writes."""
+FLOOR_FILES = {"floor:lmdb-commit": False, "floor:lmdb-commit-zeroed": True}
+
+
+@pytest.mark.parametrize("row", FLOOR_FILES)
+def test_put_floor_lmdb_commit(benchmark: Any, tmp_path: Any, row: str) -> None:
+    """One raw py-lmdb write transaction per put, of the very bytes KVSaver
+    writes: into a fresh file (the issue's floor) and into a file zeroed ahead."""
     rec = Recorder()
-    env = raw_lmdb(str(tmp_path / "raw"))
+    env = raw_lmdb(str(tmp_path / "raw"), zeroed=FLOOR_FILES[row])
 
     def setup() -> tuple[tuple[Any, ...], dict]:
         return ([rec.put(a) for a in _ops(rec.saver)],), {}
@@ -95,7 +100,7 @@ def test_put_floor_lmdb_commit(benchmark: Any, tmp_path: Any) -> None:
         for pairs in batches:
             raw_commit(env, pairs)
 
-    label(benchmark, "put", "floor:lmdb-commit", PUTS_PER_ROUND)
+    label(benchmark, "put", row, PUTS_PER_ROUND)
     benchmark.pedantic(run, setup=setup, rounds=15, warmup_rounds=2)
     env.close()
 
@@ -134,15 +139,16 @@ def test_put_writes_floor_serialize(benchmark: Any) -> None:
     benchmark.pedantic(run, setup=lambda: ((_writes_ops(),), {}), rounds=15, warmup_rounds=2)
 
 
-def test_put_writes_floor_lmdb_commit(benchmark: Any, tmp_path: Any) -> None:
+@pytest.mark.parametrize("row", FLOOR_FILES)
+def test_put_writes_floor_lmdb_commit(benchmark: Any, tmp_path: Any, row: str) -> None:
     rec = Recorder()
-    env = raw_lmdb(str(tmp_path / "raw"))
+    env = raw_lmdb(str(tmp_path / "raw"), zeroed=FLOOR_FILES[row])
 
     def run(batches: list[list[tuple[bytes, bytes]]]) -> None:
         for pairs in batches:
             raw_commit(env, pairs)
 
-    label(benchmark, "put_writes", "floor:lmdb-commit", WRITES_PER_ROUND)
+    label(benchmark, "put_writes", row, WRITES_PER_ROUND)
     benchmark.pedantic(
         run,
         setup=lambda: (([rec.put_writes(*op) for op in _writes_ops()],), {}),
