@@ -872,9 +872,9 @@ class LMDBStore:
             cleaned = False
             try:
                 wrapper = _LMDBTxn(self, env, env.begin(write=True), write=True)
-                if env.zeroing:
-                    env.zero_ahead()
                 try:
+                    if env.zeroing:
+                        env.zero_ahead()
                     yield wrapper
                 except BaseException:
                     wrapper._txn.abort()

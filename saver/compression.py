@@ -86,6 +86,8 @@ class _Inflated:
         self.lock = threading.Lock()
 
     def get(self, packed: bytes) -> bytes | None:
+        if type(packed) is not bytes:
+            return None  # a bytearray or memoryview: not hashable
         plain = self.items.get(packed)
         if plain is not None:
             try:
