@@ -6,8 +6,9 @@ concurrency:8_writers      8 Python threads sharing one saver, each doing 25
                            Each round's setup also times the same 200 ops from
                            one thread (extra_info: single_thread_ops_per_s).
 concurrency:3r1w           3 reader processes (get_tuple latest) + 1 writer
-                           process (put) on one store for a 3 s window, then
-                           the writer alone; extra_info holds the throughputs.
+                           process (put) on one store for a 3 s window, 3 runs
+                           (medians), then the writer alone; extra_info holds
+                           the throughputs.
 
 As a script, ``python bench/bench_concurrency.py`` prints both as a table.
 """
@@ -62,25 +63,39 @@ def test_8_writers(benchmark: Any, name: str, tmp_path: Any) -> None:
     close_saver(saver)
 
 
+MIXED_RUNS = 3
+
+
 @pytest.mark.parametrize("name", DISK_SAVERS)
 def test_readers_writer(benchmark: Any, name: str, tmp_path: Any) -> None:
-    """One round: the timed call is the whole 3-readers+1-writer run (spawn
-    included); the numbers that matter are the throughputs in extra_info."""
-    os.makedirs(tmp_path / "mixed")
+    """One round: the timed call is MIXED_RUNS whole 3-readers+1-writer runs
+    (spawn included), each on a fresh store; the numbers that matter are the
+    throughputs in extra_info, medians of the runs (one 3 s window on this
+    shared machine swings by up to 2x)."""
+
+    def runs() -> list[dict[str, Any]]:
+        out = []
+        for i in range(MIXED_RUNS):
+            os.makedirs(tmp_path / f"mixed{i}")
+            out.append(readers_writer(name, str(tmp_path / f"mixed{i}"), 3, WINDOW))
+        return out
+
     os.makedirs(tmp_path / "alone")
     label(benchmark, "concurrency:3r1w", name, 1)
-    mixed = benchmark.pedantic(
-        readers_writer, args=(name, str(tmp_path / "mixed"), 3, WINDOW), rounds=1
-    )
+    mixed = benchmark.pedantic(runs, rounds=1)
     alone = readers_writer(name, str(tmp_path / "alone"), 0, WINDOW)
+    reads = [m["reads_per_s"] for m in mixed]
+    writes = [m["writes_per_s"] for m in mixed]
     benchmark.extra_info.update(
-        reads_per_s=round(mixed["reads_per_s"], 1),
-        writes_per_s=round(mixed["writes_per_s"], 1),
+        reads_per_s=round(median(reads), 1),
+        reads_per_s_runs=[round(r, 1) for r in reads],
+        writes_per_s=round(median(writes), 1),
         writes_per_s_alone=round(alone["writes_per_s"], 1),
-        writer_kept=round(mixed["writes_per_s"] / alone["writes_per_s"], 3),
-        reader_errors=mixed["reader_errors"],
-        writer_errors=mixed["writer_errors"],
+        writer_kept=round(median(writes) / alone["writes_per_s"], 3),
+        reader_errors=sum(m["reader_errors"] for m in mixed),
+        writer_errors=sum(m["writer_errors"] for m in mixed),
         window_s=WINDOW,
+        runs=MIXED_RUNS,
     )
 
 

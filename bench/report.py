@@ -55,7 +55,7 @@ WHAT = {
     "graph:loop": "StateGraph agent: 20 threads x one 30-turn loop (1 call = whole workload)",
     "graph:invokes": "StateGraph agent: 20 threads x 10 invokes (1 call = whole workload)",
     "concurrency:8_writers": "8 threads x 25 put_writes to their own threads (per op)",
-    "concurrency:3r1w": "3 reader + 1 writer processes, 3 s window (1 call = whole run)",
+    "concurrency:3r1w": "3 reader + 1 writer processes, 3 runs of a 3 s window (1 call = all 3)",
     "long_thread:latest_of_100": "get_tuple latest, thread of 100 (store also holds 100,000)",
     "long_thread:latest_of_100000": "get_tuple latest, thread of 100,000",
 }
@@ -295,6 +295,7 @@ def concurrency_section(groups: dict) -> list[str]:
                 [
                     n,
                     f"{info(groups, g, n, 'reads_per_s'):,.0f}",
+                    " / ".join(f"{r:,.0f}" for r in info(groups, g, n, "reads_per_s_runs") or []),
                     fmt_ratio(ratio(info(groups, g, n, "reads_per_s"), ref)),
                     f"{info(groups, g, n, 'writes_per_s'):,.0f}",
                     f"{info(groups, g, n, 'writes_per_s_alone'):,.0f}",
@@ -309,14 +310,16 @@ def concurrency_section(groups: dict) -> list[str]:
             "",
             "### 3 reader processes + 1 writer process on one store",
             "",
-            "Readers: get_tuple (latest) of a random one of the writer's 100 threads. "
+            "Readers: get_tuple (latest) of a random one of the writer's 100 threads, "
+            "3 runs of a 3 s window, each on a fresh store (medians shown). "
             "Writer: put (1-2 changed channels) round robin over them. Then the writer "
             "alone on a fresh store; 'writer kept' = puts/s beside readers / puts/s alone.",
             "",
             *table(
                 [
                     "row",
-                    "reads/s (3 readers)",
+                    "reads/s (3 readers, median)",
+                    "each run",
                     "x SqliteSaver",
                     "writer puts/s",
                     "writer alone puts/s",
