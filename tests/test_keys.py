@@ -300,8 +300,8 @@ def _grow(x: Any, extra: Any) -> Any:
         return x + (extra if isinstance(extra, bytes) and extra else b"\x00")
     if isinstance(x, bool) or x is None:
         return extra
-    if isinstance(x, int):
-        return x + 1
+    if isinstance(x, int):  # the next int, unless x is the largest that packs (255 bytes)
+        return x + 1 if (x + 1).bit_length() <= 8 * 255 else x - 1
     return math.nextafter(x, math.inf) if not math.isnan(x) else -x
 
 
