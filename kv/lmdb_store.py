@@ -669,14 +669,24 @@ class _LMDBTxn:
         return _delete_range(txn, a, b, max_key)
 
     def put(self, key: bytes, value: bytes) -> None:
-        self._require_write()
-        self._check_key(key)
-        self._mutate("put", bytes(key), bytes(value))
+        # The checks inline and, under transact() (no log), straight to LMDB:
+        # a put of a checkpoint makes about ten of these.
+        if not self._write:
+            self._require_write()
+        if not key or len(key) > self._env.max_key:
+            self._check_key(key)
+        if self._log is None:
+            self._txn.put(bytes(key), bytes(value))
+        else:
+            self._mutate("put", bytes(key), bytes(value))
 
     def delete(self, key: bytes) -> bool:
-        self._require_write()
+        if not self._write:
+            self._require_write()
         if not key or len(key) > self._env.max_key:
             return False
+        if self._log is None:
+            return bool(self._txn.delete(bytes(key)))
         return bool(self._mutate("delete", bytes(key), None))
 
     def delete_range(self, start: bytes | None, stop: bytes | None) -> int:

@@ -451,11 +451,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         values: dict[str, Any] = cp.pop("channel_values", None) or {}
         checkpoint_id = str(cp["id"])
         blobs = [
-            (
-                S.blob_key(thread, ns, ch, ver),
-                S.encode_blob(dumps(values[ch]) if ch in values else None),
-            )
-            for ch, ver in new_versions.items()
+            (key, S.encode_blob(dumps(values[ch]) if ch in values else None))
+            for ch, key in S.blob_keys(thread, ns, new_versions)
         ]
         rec = S.make_checkpoint_record(
             thread,

@@ -333,11 +333,25 @@ def index_keys(rec: CheckpointRecord) -> list[bytes]:
     checkpoint come here)."""
     t, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
     tail = pack((k(cid), k(t), k(ns)))
-    keys = [pack((BY_ID,)) + tail]
+    keys = [_BY_ID_PREFIX + tail]
     if rec.run_id is not None:
         keys.append(run_key(rec.run_id, t, ns, cid))
-    keys.extend(pack((META, e[0], e[1])) + tail for e in rec.meta)
+    for e in rec.meta:
+        mark = (e[0], type(e[1]), e[1])  # 1 == 1.0 == True, but their encodings differ
+        prefix = _META_PREFIXES.get(mark)
+        if prefix is None:
+            prefix = pack((META, e[0], e[1]))
+            if len(_META_PREFIXES) >= 16384:
+                _META_PREFIXES.clear()
+            _META_PREFIXES[mark] = prefix
+        keys.append(prefix + tail)
     return keys
+
+
+_BY_ID_PREFIX = pack((BY_ID,))
+# (key, type, value) -> packed (META, key, value): the same few metadata
+# values ("source": "loop", small "step"s) are indexed at every put.
+_META_PREFIXES: dict[tuple[Any, type, Any], bytes] = {}
 
 
 def encode_checkpoint(rec: CheckpointRecord) -> bytes:
