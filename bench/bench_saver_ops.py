@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import shutil
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -27,11 +28,13 @@ from _workloads import (
     close_saver,
     label,
     make_saver,
+    median,
     raw_commit,
     raw_lmdb,
     run_puts,
     serialize_put,
     task_id,
+    timed,
     writes_for,
 )
 
@@ -156,6 +159,80 @@ def test_put_writes_floor_lmdb_commit(benchmark: Any, tmp_path: Any, row: str) -
         warmup_rounds=2,
     )
     env.close()
+
+
+# -- the floors again, paired round by round --------------------------------------------
+
+PAIRED_ROUNDS = 12
+
+
+@pytest.mark.parametrize("workload", ["put", "put_writes"])
+def test_floor_paired(benchmark: Any, tmp_path: Any, workload: str) -> None:
+    """KVSaver (LMDB, durability full) and its floors, measured in the same
+    round one after the other (in an order that rotates every round), so that
+    a drift of this machine's fsync latency between tests (which moved a
+    floor by 30% from one run to the next) hits all of them alike. Each round:
+    the workload's 50 operations through KVSaver; serializing them; one raw
+    commit each into a fresh file; and into a file zeroed ahead. extra_info
+    holds each component's median per operation and the medians of the
+    per-round ratios KVSaver / (serialize + commit), which the report uses."""
+    saver = KVSaver(str(tmp_path / "kv"))
+    serde = saver.serde
+    rec = Recorder()
+    envs = {
+        "fresh": raw_lmdb(str(tmp_path / "fresh")),
+        "zeroed": raw_lmdb(str(tmp_path / "zeroed"), zeroed=True),
+    }
+    times: dict[str, list[float]] = {"kv": [], "serialize": [], "fresh": [], "zeroed": []}
+    rounds = itertools.count()
+    n = PUTS_PER_ROUND if workload == "put" else WRITES_PER_ROUND
+
+    def setup() -> tuple[tuple[Any, ...], dict]:
+        if workload == "put":
+            mine, theirs = _ops(saver), _ops(rec.saver)
+            pairs = [rec.put(a) for a in theirs]
+            steps = {
+                "kv": lambda: run_puts(saver, mine),
+                "serialize": lambda: [serialize_put(serde, a) for a in theirs],
+            }
+        else:
+            w_mine, w_theirs = _writes_ops(), _writes_ops()
+            pairs = [rec.put_writes(*op) for op in w_theirs]
+            steps = {
+                "kv": lambda: [saver.put_writes(*op) for op in w_mine],
+                "serialize": lambda: [
+                    serde.dumps_typed(v) for _, writes, _ in w_theirs for _, v in writes
+                ],
+            }
+        for name, env in envs.items():
+            steps[name] = lambda env=env: [raw_commit(env, p) for p in pairs]
+        return (next(rounds), steps), {}
+
+    def one_round(r: int, steps: dict[str, Callable[[], Any]]) -> None:
+        order = list(steps)
+        order = order[r % len(order) :] + order[: r % len(order)]
+        for name in order:
+            t = timed(steps[name])
+            if r > 0:  # round 0 is the warm-up
+                times[name].append(t / n)
+
+    label(benchmark, f"floor_paired:{workload}", "kvsaver-lmdb", 1)
+    benchmark.pedantic(one_round, setup=setup, rounds=PAIRED_ROUNDS + 1)
+
+    def x(commit: str) -> float:
+        """Median over rounds of KVSaver / (serialize + commit)."""
+        parts = zip(times["kv"], times["serialize"], times[commit])
+        return round(median([k / (s + c) for k, s, c in parts]), 3)
+
+    benchmark.extra_info.update(
+        rounds=PAIRED_ROUNDS,
+        per_op_us={k: round(median(v) * 1e6, 1) for k, v in times.items()},
+        x_floor=x("fresh"),
+        x_zeroed_floor=x("zeroed"),
+    )
+    saver.close()
+    for env in envs.values():
+        env.close()
 
 
 # -- reads on the 1,000-thread store --------------------------------------------------
