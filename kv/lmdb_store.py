@@ -420,13 +420,13 @@ class _Env:
         Caller is inside a write transaction, so it holds LMDB's writer
         mutex: no process writes pages meanwhile (LMDB writes pages only when
         it commits), and bytes past the file's end belong to nobody. A chunk
-        is 1/32 of the data in use, between 1 and 8 MiB, never past the map
+        is 1/16 of the data in use, from 256 KiB to 8 MiB, never past the map
         size; nothing is written when the disk has less than 16 chunks free,
         and any failure (a full disk) truncates the zeros away and stops
         zeroing for this process: it is only an optimization."""
         info = self.env.info()
         used = (int(info["last_pgno"]) + 1) * self.psize
-        chunk = min(max(used // 32, _ZERO_MIN), _ZERO_MAX) // _PAGE * _PAGE
+        chunk = min(max(used // 16, _ZERO_MIN), _ZERO_MAX) // _PAGE * _PAGE
         if used + chunk // 2 <= self.zeroed_to:
             return
         path = os.path.join(self.path, "data.mdb")
@@ -497,7 +497,7 @@ class _Env:
 
 
 _SETTLE_TRIES = 32
-_ZERO_MIN = 1 << 20
+_ZERO_MIN = 256 << 10  # a small store stays small on disk
 _ZERO_MAX = 8 << 20
 _GATHER_MAX_SECONDS = 0.002
 _HEADROOM_SKIPS = 15
