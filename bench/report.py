@@ -26,6 +26,7 @@ ROOT = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
 KV, KVM, SQL, MEM = "kvsaver-lmdb", "kvsaver-memory", "sqlite", "inmemory"
 ZEROED = "floor:lmdb-commit-zeroed"
+PAIRED_ROW = "all savers"
 ROW_ORDER = [KV, KVM, SQL, MEM, "floor:serialize", "floor:lmdb-commit", ZEROED]
 GROUP_ORDER = [
     "put",
@@ -44,6 +45,9 @@ GROUP_ORDER = [
     "long_thread:latest_of_100000",
     "floor_paired:put",
     "floor_paired:put_writes",
+    "paired:get_tuple:latest",
+    "paired:get_tuple:by_id",
+    "paired:list:limit10",
 ]
 WHAT = {
     "put": "one put: 10 channels, 1-2 changed (one a growing list of 300-char messages)",
@@ -62,6 +66,9 @@ WHAT = {
     "long_thread:latest_of_100000": "get_tuple latest, thread of 100,000",
     "floor_paired:put": "a round of KVSaver and its floors (1 call = a round; see Floors)",
     "floor_paired:put_writes": "a round of KVSaver and its floors (1 call = a round; see Floors)",
+    "paired:get_tuple:latest": "a round of every saver (see Reads, every saver in the same rounds)",
+    "paired:get_tuple:by_id": "a round of every saver (see Reads, every saver in the same rounds)",
+    "paired:list:limit10": "a round of every saver (see Reads, every saver in the same rounds)",
 }
 
 
@@ -138,7 +145,7 @@ def table(header: list[str], rows: list[list[str]], right_from: int = 1) -> list
 def group_tables(groups: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     out = []
     for g in ordered(list(groups), GROUP_ORDER):
-        if g == "concurrency:3r1w" or g.startswith("floor_paired:"):
+        if g == "concurrency:3r1w" or g.startswith(("floor_paired:", "paired:")):
             continue  # one call is a whole run or round; their sections have the numbers
         rows = groups[g]
         ref = per_op(rows[SQL]) if SQL in rows else None
@@ -260,6 +267,32 @@ def floors_section(groups: dict) -> list[str]:
             right_from=2,
         ),
         *paired,
+    ]
+
+
+def paired_section(groups: dict) -> list[str]:
+    body = []
+    for g in ("get_tuple:latest", "get_tuple:by_id", "list:limit10"):
+        b = groups.get(f"paired:{g}", {}).get(PAIRED_ROW)
+        if b is None:
+            continue
+        ei = b.get("extra_info") or {}
+        us, x = ei.get("per_op_us") or {}, ei.get("x_sqlite") or {}
+        for n in ordered(list(us), ROW_ORDER):
+            body.append([g, n, f"{us[n]:,.1f} µs", fmt_ratio(x.get(n)), str(ei.get("rounds"))])
+    if not body:
+        return []
+    return [
+        "",
+        "### Reads, every saver in the same rounds",
+        "",
+        "The read workloads above run as one test per saver, one after the other, and "
+        "this machine's speed drifts between tests by more than the gaps measured. "
+        "`bench/bench_reads_paired.py` opens the four read stores at once and times every "
+        "saver in each round, in an order that rotates every round; x SqliteSaver is the "
+        "median over rounds of the per-round ratio. The targets use these.",
+        "",
+        *table(["workload", "row", "median / op", "x SqliteSaver", "rounds"], body, right_from=2),
     ]
 
 
@@ -429,6 +462,10 @@ def targets(groups: dict) -> list[list[str]]:
             0.5,
         )
     for g in ("get_tuple:latest", "get_tuple:by_id", "list:limit10", "delete_thread"):
+        paired = (info(groups, f"paired:{g}", PAIRED_ROW, "x_sqlite") or {}).get(KV)
+        if paired is not None:  # the same rounds for every saver (see paired_section)
+            add(f"{g} vs SqliteSaver, paired rounds", paired, 0.5)
+            continue
         add(f"{g} vs SqliteSaver", ratio(med(groups, g, KV), med(groups, g, SQL)), 0.5)
     g = "list:filter_global"
     add(f"{g} vs SqliteSaver", ratio(med(groups, g, KV), med(groups, g, SQL)), 0.3)
@@ -555,6 +592,7 @@ def render(data: dict) -> str:
         "",
         *table(["target", "measured", "goal", "status"], targets(groups)),
         *floors_section(groups),
+        *paired_section(groups),
         *graph_section(groups),
         *concurrency_section(groups),
         *long_section(groups),
