@@ -44,13 +44,12 @@ WORKLOADS: dict[str, tuple[Callable[[ReadStore], Any], int]] = {
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory: Any) -> Any:
-    built = {}
-    for name in SAVERS:
-        built[name] = build_read_store(name, str(tmp_path_factory.mktemp(f"paired-{name}")))
+    dirs = {name: str(tmp_path_factory.mktemp(f"paired-{name}")) for name in SAVERS}
+    built = {name: build_read_store(name, d) for name, d in dirs.items()}
     yield built
-    for rs in built.values():
+    for name, rs in built.items():
         close_saver(rs.saver)
-    shutil.rmtree(tmp_path_factory.getbasetemp(), ignore_errors=True)
+        shutil.rmtree(dirs[name], ignore_errors=True)
 
 
 @pytest.mark.parametrize("workload", list(WORKLOADS))
