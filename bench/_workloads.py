@@ -534,6 +534,13 @@ def median(xs: list[float]) -> float:
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
+def rotated(seq: list[Any], r: int) -> list[Any]:
+    """``seq`` starting at its element ``r`` (mod its length): paired rounds
+    take their rows in this order, so that no row always runs first."""
+    k = r % len(seq)
+    return seq[k:] + seq[:k]
+
+
 def timed(fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
     fn()

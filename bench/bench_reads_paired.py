@@ -30,6 +30,7 @@ from _workloads import (
     close_saver,
     label,
     median,
+    rotated,
     timed,
 )
 
@@ -60,8 +61,7 @@ def test_reads_paired(benchmark: Any, stores: dict[str, ReadStore], workload: st
     rounds = itertools.count()
 
     def one_round(r: int) -> None:
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for name in order:
+        for name in rotated(names, r):
             rs = stores[name]
             t = timed(lambda rs=rs: [op(rs) for _ in range(n)])
             if r > 0:  # round 0 is the warm-up

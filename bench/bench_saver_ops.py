@@ -31,6 +31,7 @@ from _workloads import (
     median,
     raw_commit,
     raw_lmdb,
+    rotated,
     run_puts,
     serialize_put,
     task_id,
@@ -209,9 +210,7 @@ def test_floor_paired(benchmark: Any, tmp_path: Any, workload: str) -> None:
         return (next(rounds), steps), {}
 
     def one_round(r: int, steps: dict[str, Callable[[], Any]]) -> None:
-        order = list(steps)
-        order = order[r % len(order) :] + order[: r % len(order)]
-        for name in order:
+        for name in rotated(list(steps), r):
             t = timed(steps[name])
             if r > 0:  # round 0 is the warm-up
                 times[name].append(t / n)
