@@ -32,6 +32,7 @@ from collections.abc import Iterator
 import ormsgpack
 from sortedcontainers import SortedDict
 
+from ._fs import fsync_dir
 from .memory import MemoryStore, _Version
 from .store import CorruptStoreError, FormatVersionError, StoreBusyError
 
@@ -40,14 +41,6 @@ __all__ = ["FileStore"]
 MAGIC = b"KVSFILE\x00"
 FORMAT_VERSION = 1
 _HEADER = struct.Struct(">8sIIQ")
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class FileStore(MemoryStore):
@@ -136,7 +129,7 @@ class FileStore(MemoryStore):
             except FileNotFoundError:
                 pass
             raise
-        _fsync_dir(os.path.dirname(self.path))
+        fsync_dir(os.path.dirname(self.path))
 
     def disk_usage(self) -> int:
         """Bytes of the store file (0 before the first commit)."""

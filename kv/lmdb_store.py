@@ -78,6 +78,7 @@ from typing import Any, Literal, TypeVar
 
 import lmdb
 
+from ._fs import fsync_dir
 from .store import (
     CorruptStoreError,
     KeyTooLongError,
@@ -455,11 +456,12 @@ class _Env:
         self.zeroed_to = target
 
     def begin(self, write: bool) -> lmdb.Transaction:
-        """Begin a transaction; adopt another process's growth; clear dead readers."""
+        """Begin a transaction; adopt another process's growth; clear dead
+        readers; a write transaction zeroes the file ahead (zero_ahead)."""
         for _ in range(8):
             try:
                 txn = self.env.begin(write=write, buffers=False)
-                return txn if write else self._settled(txn)
+                return self._ready(txn, write)
             except lmdb.MapResizedError:
                 self.gate.release_shared()
                 try:
@@ -469,8 +471,18 @@ class _Env:
             except lmdb.ReadersFullError:
                 if not self.env.reader_check():
                     raise
-        txn = self.env.begin(write=write, buffers=False)
-        return txn if write else self._settled(txn)
+        return self._ready(self.env.begin(write=write, buffers=False), write)
+
+    def _ready(self, txn: lmdb.Transaction, write: bool) -> lmdb.Transaction:
+        if not write:
+            return self._settled(txn)
+        if self.zeroing:
+            try:
+                self.zero_ahead()
+            except BaseException:
+                txn.abort()
+                raise
+        return txn
 
     def _settled(self, txn: lmdb.Transaction) -> lmdb.Transaction:
         """A read transaction whose snapshot is the one its id names.
@@ -883,8 +895,6 @@ class LMDBStore:
             try:
                 wrapper = _LMDBTxn(self, env, env.begin(write=True), write=True)
                 try:
-                    if env.zeroing:
-                        env.zero_ahead()
                     yield wrapper
                 except BaseException:
                     wrapper._txn.abort()
@@ -949,8 +959,6 @@ class LMDBStore:
         try:
             while True:
                 txn = env.begin(write=True)
-                if env.zeroing:
-                    env.zero_ahead()
                 try:
                     for r in batch:
                         r.result, r.error = None, None
@@ -1161,14 +1169,6 @@ def _hold_shared(path: str, readonly: bool) -> int | None:
             time.sleep(0.05)
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _refuse_foreign_openers(path: str) -> None:
     """LMDB holds a shared fcntl lock on byte 0 of lock.mdb in every process
     that has the environment open; an exclusive test lock fails if one does.
@@ -1233,7 +1233,7 @@ def compact_lmdb(
         tmp = data + ".compact"
         _rebuild(path, tmp, before, progress)
         os.replace(tmp, data)
-        _fsync_dir(path)
+        fsync_dir(path)
         return CompactResult(before=before, after=os.path.getsize(data))
     finally:
         os.close(fd)  # releases the exclusive lock
