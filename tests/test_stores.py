@@ -47,6 +47,18 @@ REPO = Path(__file__).resolve().parents[1]
 CHILD_ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 
+def child_output(code: str, *args: Any) -> str:
+    """What ``python -c code args...`` prints, run in a fresh interpreter."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        env=CHILD_ENV,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+
+
 class Backend:
     """Opens stores of one kind, always at the same place (so a second open is a
     reopen), and closes every store it opened at teardown."""
@@ -875,14 +887,7 @@ def test_lmdb_zeroes_the_file_ahead_of_its_pages_where_commits_sync(tmp_path: Pa
             "s = LMDBStore(sys.argv[1], readonly=True)\n"
             "with s.read() as t: print(len(list(t.scan(None, None))))"
         )
-        out = subprocess.run(
-            [sys.executable, "-c", code, str(path)],
-            env=CHILD_ENV,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        assert out.stdout.strip() == "40"
+        assert child_output(code, path).strip() == "40"
     before = os.path.getsize(tmp_path / "none" / "data.mdb")
     with LMDBStore(tmp_path / "none", readonly=True) as ro:
         with ro.read() as txn:
@@ -1110,13 +1115,7 @@ def test_lmdb_dead_readers_cleared_at_open(tmp_path: Path) -> None:
     put_all(store, [(b"k", b"v")])
     dead = _kill_reader_holder(tmp_path / "l")
     assert dead in reader_pids(store)
-    shown = subprocess.run(
-        [sys.executable, "-c", _SHOW_READERS, str(tmp_path / "l")],
-        capture_output=True,
-        env=CHILD_ENV,
-        timeout=60,
-        check=True,
-    ).stdout.decode()
+    shown = child_output(_SHOW_READERS, tmp_path / "l")
     assert str(dead) not in shown.split()
     assert dead not in reader_pids(store)  # cleared in the shared lock file
     store.close()
@@ -1241,14 +1240,7 @@ def test_file_second_writer_is_busy(tmp_path: Path) -> None:
         "import sys\nfrom kv import FileStore, StoreBusyError\ntry:\n"
         "    FileStore(sys.argv[1])\nexcept StoreBusyError:\n    print('busy')\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", probe, str(path)],
-        capture_output=True,
-        env=CHILD_ENV,
-        timeout=60,
-        check=True,
-    )
-    assert out.stdout.strip() == b"busy"
+    assert child_output(probe, path).strip() == "busy"
     first.close()
     r1, r2 = FileStore(path, readonly=True), FileStore(path, readonly=True)  # readers share
     assert dump(r1) == dump(r2) == [(b"a", b"1")]
