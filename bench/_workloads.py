@@ -12,7 +12,7 @@ import os
 import random
 import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -81,11 +81,15 @@ _WORDS = (
 
 def text(chars: int, seed: int) -> str:
     """About ``chars`` characters of words, the same for the same seed."""
-    rnd = random.Random(seed)
+    return words_text(random.Random(seed), chars)
+
+
+def words_text(rnd: random.Random, chars: int, words: Sequence[str] = _WORDS) -> str:
+    """``chars`` characters of words drawn from ``words`` by ``rnd``."""
     out: list[str] = []
     n = 0
     while n < chars:
-        w = rnd.choice(_WORDS)
+        w = rnd.choice(words)
         out.append(w)
         n += len(w) + 1
     return " ".join(out)[:chars]

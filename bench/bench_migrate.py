@@ -32,6 +32,7 @@ import tempfile
 import time
 from typing import Annotated, Any, TypedDict
 
+from _workloads import disk_bytes, words_text
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
@@ -53,14 +54,7 @@ class Chat(TypedDict):
 
 
 def _text(rng: random.Random, lo: int, hi: int) -> str:
-    n = rng.randint(lo, hi)
-    out: list[str] = []
-    size = 0
-    while size < n:
-        w = rng.choice(WORDS)
-        out.append(w)
-        size += len(w) + 1
-    return " ".join(out)[:n]
+    return words_text(rng, rng.randint(lo, hi), WORDS)
 
 
 def _remember(state: Chat) -> dict[str, Any]:
@@ -101,12 +95,6 @@ def build_source(path: str, threads: int, turns: int, seed: int = 5) -> int:
     n = conn.execute("SELECT COUNT(*) FROM checkpoints").fetchone()[0]
     conn.close()
     return int(n)
-
-
-def dir_bytes(path: str) -> int:
-    return sum(
-        os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files
-    )
 
 
 def main() -> None:
@@ -165,7 +153,7 @@ def main() -> None:
             finally:
                 src.conn.close()
             verify_s = time.perf_counter() - t0
-        kv_bytes = dir_bytes(dest)
+        kv_bytes = disk_bytes(dest)
         print()
         print(f"checkpoints        {n:,} ({writes:,} pending writes, {stats.threads} threads)")
         print(

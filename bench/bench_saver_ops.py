@@ -253,28 +253,22 @@ def _info(benchmark: Any, rs: ReadStore, group: str) -> None:
     )
 
 
-def test_get_tuple_latest(benchmark: Any, store: ReadStore) -> None:
-    _info(benchmark, store, "get_tuple:latest")
+@pytest.mark.parametrize(
+    "group, config, writes",
+    [("get_tuple:latest", "big_latest", 0), ("get_tuple:by_id", "big_by_id", 3)],
+)
+def test_get_tuple(benchmark: Any, store: ReadStore, group: str, config: str, writes: int) -> None:
+    """The latest checkpoint (no pending writes) and one by id (3 writes)."""
+    _info(benchmark, store, group)
     tup = benchmark.pedantic(
         store.saver.get_tuple,
-        args=(store.big_latest,),
+        args=(getattr(store, config),),
         rounds=60,
         iterations=10,
         warmup_rounds=5,
     )
     assert tup is not None and tup.parent_config is not None
-
-
-def test_get_tuple_by_id(benchmark: Any, store: ReadStore) -> None:
-    _info(benchmark, store, "get_tuple:by_id")
-    tup = benchmark.pedantic(
-        store.saver.get_tuple,
-        args=(store.big_by_id,),
-        rounds=60,
-        iterations=10,
-        warmup_rounds=5,
-    )
-    assert tup is not None and len(tup.pending_writes) == 3
+    assert len(tup.pending_writes) == writes
 
 
 def test_list_limit10(benchmark: Any, store: ReadStore) -> None:

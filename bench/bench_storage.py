@@ -59,6 +59,7 @@ from importlib import metadata
 from typing import Any
 
 import zstandard
+from _workloads import disk_bytes
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -146,14 +147,6 @@ class SaverClock:
         return timed
 
 
-def dir_bytes(path: str) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            total += os.path.getsize(os.path.join(root, f))
-    return total
-
-
 def median_ms(values: list[float]) -> float:
     return round(statistics.median(values) * 1e3 / SUPERSTEPS_PER_TURN, 3)
 
@@ -218,7 +211,7 @@ def run(threads: int, turns: int, workdir: str) -> dict[str, Any]:
         if isinstance(s, KVSaver):
             s.close()
     conn.close()
-    disk = {name: dir_bytes(p) for name, p in paths.items()}
+    disk = {name: disk_bytes(p) for name, p in paths.items()}
 
     def window(name: str, last: bool, which: int) -> list[float]:
         lo = turns - LAST if last else 1

@@ -493,20 +493,12 @@ def targets(groups: dict) -> list[list[str]]:
             ratio(med(groups, g, KV), floor_of(groups, g, ZEROED)),
             1.15,
         )
-    g = "concurrency:8_writers"
-    add(
-        "8 writer threads, ops/s vs SqliteSaver",
-        ratio(info(groups, g, KV, "ops_per_s"), info(groups, g, SQL, "ops_per_s")),
-        3.0,
-        False,
-    )
-    g = "concurrency:3r1w"
-    add(
-        "3 readers + 1 writer, reads/s vs SqliteSaver",
-        ratio(info(groups, g, KV, "reads_per_s"), info(groups, g, SQL, "reads_per_s")),
-        2.5,
-        False,
-    )
+    for what, g, key, goal in (
+        ("8 writer threads, ops/s", "concurrency:8_writers", "ops_per_s", 3.0),
+        ("3 readers + 1 writer, reads/s", "concurrency:3r1w", "reads_per_s", 2.5),
+    ):
+        kv, sql = info(groups, g, KV, key), info(groups, g, SQL, key)
+        add(f"{what} vs SqliteSaver", ratio(kv, sql), goal, False)
     add(
         "... writer not starved: puts/s beside readers / alone",
         info(groups, g, KV, "writer_kept"),
