@@ -31,7 +31,7 @@ HOT_DEPTH = 3  # checkpoints per thread written before the window opens
 
 def _open(name: str, workdir: str, readonly: bool) -> Any:
     if name == KV_LMDB:
-        from saver import KVSaver
+        from kvsaver import KVSaver
 
         return KVSaver(os.path.join(workdir, "kv"), readonly=readonly)
     if name == SQLITE:

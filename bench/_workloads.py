@@ -19,14 +19,13 @@ from datetime import datetime, timezone
 from typing import Annotated, Any, TypedDict
 
 import lmdb
+from kvsaver import KVSaver
+from kvsaver.kv import MemoryStore
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.base.id import uuid6
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph.message import add_messages
-
-from kv import MemoryStore
-from saver import KVSaver
 
 # -- the savers under test ----------------------------------------------------------
 

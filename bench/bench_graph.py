@@ -40,8 +40,7 @@ from _workloads import (
     run_loop,
     timed,
 )
-
-from saver import KVSaver
+from kvsaver import KVSaver
 
 WORKLOADS = {"loop": run_loop, "invokes": run_invokes}
 ROUNDS = 3

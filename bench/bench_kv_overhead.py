@@ -42,7 +42,7 @@ import lmdb
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from kv import LMDBStore, pack, prefix_range
+from kvsaver.kv import LMDBStore, pack, prefix_range
 
 SYNC_FLAGS = {"full": {"sync": True, "metasync": True}, "none": {"sync": False, "metasync": False}}
 THREADS, PER_THREAD, VALUE = 100, 100, b"v" * 200

@@ -33,13 +33,12 @@ import time
 from typing import Annotated, Any, TypedDict
 
 from _workloads import disk_bytes, words_text
+from kvsaver import KVSaver
+from kvsaver.migrate import migrate_from_sqlite, open_sqlite_saver, verify
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
-
-from saver import KVSaver
-from saver.migrate import migrate_from_sqlite, open_sqlite_saver, verify
 
 WORDS = (
     "the a checkpoint graph thread state message reply user assistant memory store "

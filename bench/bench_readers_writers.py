@@ -46,10 +46,9 @@ import traceback
 from collections import Counter
 from typing import Any
 
+from kvsaver import KVSaver
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.sqlite import SqliteSaver
-
-from saver import KVSaver
 
 SAVERS = ["kvsaver", "sqlite"]
 WARMUP = 1.0

@@ -38,8 +38,7 @@ from _workloads import (
     timed,
     writes_for,
 )
-
-from saver import KVSaver
+from kvsaver import KVSaver
 
 PUTS_PER_ROUND = 50
 WRITES_PER_ROUND = 50

@@ -60,13 +60,12 @@ from typing import Any
 
 import zstandard
 from _workloads import disk_bytes
+from kvsaver import KVSaver, Retention
+from kvsaver.kv.lmdb_store import compact_lmdb
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import START, MessagesState, StateGraph
-
-from kv.lmdb_store import compact_lmdb
-from saver import KVSaver, Retention
 
 SUPERSTEPS_PER_TURN = 3
 LAST = 50  # turns in the "largest state" window

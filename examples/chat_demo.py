@@ -23,7 +23,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from saver import KVSaver
+from kvsaver import KVSaver
 
 THREAD = {"configurable": {"thread_id": "demo-chat"}}
 

@@ -25,6 +25,15 @@ from collections.abc import (
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Literal, TypeVar
 
+from kvsaver.kv import (
+    CorruptStoreError,
+    FileStore,
+    FormatVersionError,
+    LMDBStore,
+    MemoryStore,
+    Store,
+)
+from kvsaver.kv.keys import unpack
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -39,9 +48,6 @@ from langgraph.checkpoint.base import (
     get_checkpoint_metadata,
     writes_sort_key,
 )
-
-from kv import CorruptStoreError, FileStore, FormatVersionError, LMDBStore, MemoryStore, Store
-from kv.keys import unpack
 
 from . import compression as C
 from . import retention as R

@@ -69,6 +69,8 @@ from pathlib import Path
 from typing import Any
 
 import ormsgpack
+from kvsaver.kv import KVError
+from kvsaver.kv.keys import prefix_range
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -78,9 +80,6 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-
-from kv import KVError
-from kv.keys import prefix_range
 
 from . import schema as S
 from .compression import CompressingSerializer

@@ -61,8 +61,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 import ormsgpack
-
-from kv.keys import pack, prefix_range, unpack
+from kvsaver.kv.keys import pack, prefix_range, unpack
 
 FORMAT_VERSION = 1
 SCHEMA_KEY = pack(("meta", "schema"))

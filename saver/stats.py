@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from kv import Store, SupportsDiskUsage
-from kv.keys import unpack
+from kvsaver.kv import Store, SupportsDiskUsage
+from kvsaver.kv.keys import unpack
 
 from . import schema as S
 

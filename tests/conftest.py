@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+from kvsaver import KVSaver
 from saver_helpers import BACKENDS, open_kv
-
-from saver import KVSaver
 
 # -- hypothesis ---------------------------------------------------------------
 # "ci" is the default everywhere (CI included): at least 1000 examples per

@@ -13,6 +13,9 @@ import sys
 from collections.abc import Mapping
 from typing import Annotated, Any, TypedDict
 
+from kvsaver import schema as S
+from kvsaver.kv import Store
+from kvsaver.kv.keys import prefix_range
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver, empty_checkpoint
 from langgraph.checkpoint.base.id import uuid6
@@ -21,10 +24,6 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import Command, Interrupt, Send, interrupt
 from saver_helpers_graphs import chain
-
-from kv import Store
-from kv.keys import prefix_range
-from saver import schema as S
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # tools/ is not an installed package: import it from the checkout

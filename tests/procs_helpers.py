@@ -47,11 +47,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
+from kvsaver import KVSaver
+from kvsaver import schema as S
+from kvsaver.kv import ReadOnlyError
 from langgraph.checkpoint.base import CheckpointTuple, empty_checkpoint
-
-from kv import ReadOnlyError
-from saver import KVSaver
-from saver import schema as S
 
 CHANNELS = ("payload", "digest", "seq")
 TASK_CHANNELS = ("a", "b", "c")

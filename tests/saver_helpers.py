@@ -8,13 +8,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from kvsaver import KVSaver
+from kvsaver import schema as S
+from kvsaver.kv import Store
+from kvsaver.kv.keys import prefix_range, unpack
 from langgraph.checkpoint.base import Checkpoint, CheckpointTuple, empty_checkpoint
 from langgraph.checkpoint.sqlite import SqliteSaver
-
-from kv import Store
-from kv.keys import prefix_range, unpack
-from saver import KVSaver
-from saver import schema as S
 
 BACKENDS = ["lmdb", "memory", "file"]
 

@@ -1,6 +1,6 @@
 """Size cap and full disk (issue #4).
 
-``KVSaver(dir, max_size=N)``: a write past the cap raises ``kv.StoreFullError``
+``KVSaver(dir, max_size=N)``: a write past the cap raises ``kvsaver.kv.StoreFullError``
 naming the cap, everything committed before is intact, the failed write left
 nothing behind, and after ``delete_thread``/``prune`` writes succeed again
 (LMDB reuses the freed pages). A real full disk (a small tmpfs mounted for
@@ -21,9 +21,8 @@ from typing import Any
 
 import procs_helpers as H
 import pytest
-
-from kv import StoreFullError
-from saver import KVSaver
+from kvsaver import KVSaver
+from kvsaver.kv import StoreFullError
 
 SPAWN = mp.get_context("spawn")
 pytestmark = pytest.mark.timeout(180)

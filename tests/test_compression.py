@@ -12,15 +12,14 @@ import threading
 from typing import Any
 
 import pytest
+from kvsaver import CompressingSerializer, KVSaver
+from kvsaver import compression as C
+from kvsaver import schema as S
+from kvsaver.kv.keys import unpack
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.base.id import uuid6
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-
-from kv.keys import unpack
-from saver import CompressingSerializer, KVSaver
-from saver import compression as C
-from saver import schema as S
 
 KEY = b"0123456789abcdef"
 
@@ -331,7 +330,7 @@ import dataclasses
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.graph import END, START, MessagesState, StateGraph
-from saver import KVSaver
+from kvsaver import KVSaver
 
 @dataclasses.dataclass
 class Note:

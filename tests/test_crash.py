@@ -38,8 +38,7 @@ from typing import Any
 
 import procs_helpers as H
 import pytest
-
-from saver import KVSaver
+from kvsaver import KVSaver
 
 pytestmark = pytest.mark.timeout(240)
 

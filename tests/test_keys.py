@@ -19,12 +19,11 @@ from decimal import Decimal
 from enum import Enum
 from typing import Any
 
+import kvsaver.kv.keys as kv_keys
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import kv.keys
-from kv.keys import pack, prefix_range, unpack
+from kvsaver.kv.keys import pack, prefix_range, unpack
 
 PROPERTY = settings(max_examples=1000, deadline=None)
 
@@ -431,7 +430,7 @@ _VECTOR_LINE = re.compile(r"^\s+((?:pack|prefix_range)\(.*\))\s+==\s+(.+?)\s*$")
 
 
 def docstring_vectors() -> list[tuple[str, str]]:
-    doc = kv.keys.__doc__ or ""
+    doc = kv_keys.__doc__ or ""
     block = doc.split("Byte-exact vectors::", 1)[1]
     return [m.groups() for line in block.splitlines() if (m := _VECTOR_LINE.match(line))]
 

@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from kv import LMDBStore, pack, prefix_range, unpack
+from kvsaver.kv import LMDBStore, pack, prefix_range, unpack
 
 CTX = mp.get_context("spawn")
 WINDOW = 100  # the writer keeps the last WINDOW pairs

@@ -13,6 +13,18 @@ import subprocess
 import sys
 
 import pytest
+from kvsaver import KVSaver
+from kvsaver import schema as S
+from kvsaver.kv.keys import pack, prefix_range
+from kvsaver.migrate import (
+    MigrationError,
+    VerificationError,
+    copy_all,
+    migrate_from_sqlite,
+    open_sqlite_saver,
+    verify,
+)
+from kvsaver.tools.migrate_from_sqlite import Progress, main
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.base.id import uuid6
 from langgraph.checkpoint.memory import InMemorySaver
@@ -29,19 +41,6 @@ from migrate_helpers import (
     sqlite_saver,
     store_image,
 )
-
-from kv.keys import pack, prefix_range
-from saver import KVSaver
-from saver import schema as S
-from saver.migrate import (
-    MigrationError,
-    VerificationError,
-    copy_all,
-    migrate_from_sqlite,
-    open_sqlite_saver,
-    verify,
-)
-from tools.migrate_from_sqlite import Progress, main
 
 
 @pytest.fixture(scope="module")

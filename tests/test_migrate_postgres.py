@@ -18,11 +18,10 @@ import tempfile
 from collections.abc import Iterator
 
 import pytest
+from kvsaver import KVSaver
+from kvsaver.migrate import MigrationError, copy_all, verify
 from langgraph.checkpoint.postgres import PostgresSaver
 from migrate_helpers import fanout_graph, populate, resume_all
-
-from saver import KVSaver
-from saver.migrate import MigrationError, copy_all, verify
 
 _TOOLS = ("initdb", "pg_ctl", "postgres")
 

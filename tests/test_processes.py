@@ -21,12 +21,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import kvsaver.kv.lmdb_store as kv_lmdb_store
 import procs_helpers as H
 import pytest
-
-import kv.lmdb_store
-from kv import KVError
-from saver import KVSaver
+from kvsaver import KVSaver
+from kvsaver.kv import KVError
 
 SPAWN = mp.get_context("spawn")
 pytestmark = pytest.mark.timeout(180)
@@ -299,7 +298,7 @@ def test_fork_during_a_long_read_gives_the_child_a_clear_error(
     child, the inherited saver and a saver opened anew on the same directory
     (py-lmdb refuses to open the same files twice in a process) both raise a
     clear KVError naming the store; the parent is unaffected."""
-    monkeypatch.setattr(kv.lmdb_store, "_FORK_WAIT_SECONDS", 0.2)
+    monkeypatch.setattr(kv_lmdb_store, "_FORK_WAIT_SECONDS", 0.2)
     path = tmp_path / "store"
     saver = KVSaver(path)
     try:

@@ -12,17 +12,16 @@ from contextlib import contextmanager
 from typing import Annotated, Any, TypedDict
 
 import pytest
+from kvsaver import KVSaver, Retention
+from kvsaver import schema as S
+from kvsaver.kv import MemoryStore
+from kvsaver.kv.keys import unpack
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.base.id import uuid6
 from langgraph.graph import START, StateGraph
 from langgraph.types import Command, interrupt
 from saver_helpers_graphs import chain
-
-from kv import MemoryStore
-from kv.keys import unpack
-from saver import KVSaver, Retention
-from saver import schema as S
 
 MINUTE = 60.0
 

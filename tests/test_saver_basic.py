@@ -12,6 +12,9 @@ from typing import Annotated, Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from kvsaver import KVSaver
+from kvsaver import schema as S
+from kvsaver.kv.keys import unpack
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import WRITES_IDX_MAP, BaseCheckpointSaver, writes_sort_key
 from langgraph.checkpoint.base.id import uuid6
@@ -31,10 +34,6 @@ from saver_helpers import (
     tuples,
 )
 from typing_extensions import TypedDict
-
-from kv.keys import unpack
-from saver import KVSaver
-from saver import schema as S
 
 
 @pytest.fixture

@@ -34,6 +34,7 @@ from typing import Any
 import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from kvsaver import KVSaver
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT, RESUME, SCHEDULED
 from saver_helpers import (
     assert_indexes_consistent,
@@ -43,8 +44,6 @@ from saver_helpers import (
     tuple_dict,
     tuples,
 )
-
-from saver import KVSaver
 
 THREADS = ["", "a", "a\x00", "a\x00b", "b", "🧵", "T" * 300]
 NAMESPACES = ["", "child:1", "child:1|grand:2", "n\x00s", "N" * 150]

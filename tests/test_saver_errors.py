@@ -12,11 +12,9 @@ from typing import Any
 
 import ormsgpack
 import pytest
-from langgraph.checkpoint.serde.types import ERROR
-from saver_helpers import BACKENDS, config, make_checkpoint, open_kv, scan_all
-from saver_helpers_graphs import chat_graph, human
-
-from kv import (
+from kvsaver import KVSaver
+from kvsaver import schema as S
+from kvsaver.kv import (
     CorruptStoreError,
     FileStore,
     FormatVersionError,
@@ -25,8 +23,9 @@ from kv import (
     ReadOnlyError,
     pack,
 )
-from saver import KVSaver
-from saver import schema as S
+from langgraph.checkpoint.serde.types import ERROR
+from saver_helpers import BACKENDS, config, make_checkpoint, open_kv, scan_all
+from saver_helpers_graphs import chat_graph, human
 
 
 def seed(saver: KVSaver) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kvsaver import KVSaver
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
@@ -29,8 +30,6 @@ from saver_helpers_graphs import (
     nested_graph,
     snap,
 )
-
-from saver import KVSaver
 
 
 @pytest.fixture

@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kvsaver import KVSaver
 from saver_helpers import sqlite_saver
 from saver_helpers_graphs import Command, approval_graph, chat_graph, history, human, snap
-
-from saver import KVSaver
 
 ROOT = Path(__file__).resolve().parent.parent
 TURNS = 20
@@ -29,7 +28,7 @@ HALF = TURNS // 2
 CHILD = r"""
 import json, sys
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]
-from saver import KVSaver
+from kvsaver import KVSaver
 from saver_helpers_graphs import Command, approval_graph, chat_graph, human
 
 args = json.loads(sys.argv[2])

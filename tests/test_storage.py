@@ -14,18 +14,17 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import kvsaver.kv.lmdb_store as lmdb_store
 import lmdb
 import pytest
+from kvsaver import KVSaver
+from kvsaver import schema as S
+from kvsaver.kv import FileStore, LMDBStore, MemoryStore, StoreBusyError, SupportsDiskUsage
+from kvsaver.kv.keys import unpack
+from kvsaver.kv.lmdb_store import LOCK_FILE, compact_lmdb
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.base.id import uuid6
-
-import kv.lmdb_store as lmdb_store
-from kv import FileStore, LMDBStore, MemoryStore, StoreBusyError, SupportsDiskUsage
-from kv.keys import unpack
-from kv.lmdb_store import LOCK_FILE, compact_lmdb
-from saver import KVSaver
-from saver import schema as S
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = [f"w{i}" for i in range(3000)]
@@ -194,7 +193,7 @@ def test_compaction_refused_in_this_process_while_open(tmp_path: Any) -> None:
 _HOLDER = """
 import sys, lmdb
 sys.path.insert(0, {root!r})
-from kv import LMDBStore
+from kvsaver.kv import LMDBStore
 mode = sys.argv[1]
 if mode == "raw":   # an LMDB user that is not LMDBStore
     env = lmdb.open({path!r}, subdir=True)
@@ -288,7 +287,7 @@ def test_compaction_replaces_a_stale_temporary_file(tmp_path: Any) -> None:
 # -- the command line ------------------------------------------------------------------------
 
 sys.path.insert(0, ROOT)  # tools/ is not installed: it runs from the repository
-from tools import storage as storage_cli  # noqa: E402
+from kvsaver.tools import storage as storage_cli  # noqa: E402
 
 
 def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

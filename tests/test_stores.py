@@ -25,9 +25,8 @@ from typing import Any
 
 import ormsgpack
 import pytest
-
-import kv
-from kv import (
+from kvsaver import kv
+from kvsaver.kv import (
     CorruptStoreError,
     FileStore,
     FormatVersionError,
@@ -42,6 +41,7 @@ from kv import (
     StoreFullError,
     Txn,
 )
+from kvsaver.kv import lmdb_store as kv_lmdb_store
 
 REPO = Path(__file__).resolve().parents[1]
 CHILD_ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -661,7 +661,7 @@ def test_lmdb_group_commit_gathers_concurrent_writers_but_never_a_lone_one(
         run_batch(env_, batch)
 
     store._run_batch = counted  # type: ignore[method-assign]
-    monkeypatch.setattr(kv.lmdb_store, "_GATHER_MAX_SECONDS", 60.0)
+    monkeypatch.setattr(kv_lmdb_store, "_GATHER_MAX_SECONDS", 60.0)
     env.batch_sizes, env.commit_seconds = (2, 2), 120.0
     first = threading.Thread(target=store.transact, args=(lambda txn: txn.put(b"a", b"1"),))
     first.start()
@@ -883,7 +883,7 @@ def test_lmdb_zeroes_the_file_ahead_of_its_pages_where_commits_sync(tmp_path: Pa
                 assert set(_file_tail(path, info["used_bytes"])) == {0}
         # A fresh process sees every record: the zeros are past every page.
         code = (
-            "import sys; from kv import LMDBStore\n"
+            "import sys; from kvsaver.kv import LMDBStore\n"
             "s = LMDBStore(sys.argv[1], readonly=True)\n"
             "with s.read() as t: print(len(list(t.scan(None, None))))"
         )
@@ -906,7 +906,7 @@ def test_lmdb_zeroing_ahead_never_passes_the_cap_nor_outlives_a_write_error(
         assert os.path.getsize(tmp_path / "cap" / "data.mdb") <= cap
     # A failing zero write (a full disk) is cut back off the file, zeroing
     # stops, and the transaction it ran in commits as if nothing happened.
-    import kv.lmdb_store as lmdb_store
+    import kvsaver.kv.lmdb_store as lmdb_store
 
     calls = []
 
@@ -1059,7 +1059,7 @@ def test_lmdb_fork_with_an_open_transaction_gives_the_child_a_clear_error(
 
 _HOLD_READERS = """
 import sys, time
-from kv import LMDBStore
+from kvsaver.kv import LMDBStore
 store = LMDBStore(sys.argv[1])
 with store.read() as a, store.read() as b:   # two reader slots
     assert a.get(b"k") == b"v" and b.get(b"k") == b"v"
@@ -1069,7 +1069,7 @@ with store.read() as a, store.read() as b:   # two reader slots
 
 _SHOW_READERS = """
 import sys
-from kv import LMDBStore
+from kvsaver.kv import LMDBStore
 store = LMDBStore(sys.argv[1])   # opening clears dead readers
 print(store._env.env.readers())
 """
@@ -1237,7 +1237,7 @@ def test_file_second_writer_is_busy(tmp_path: Path) -> None:
     with pytest.raises(StoreBusyError):
         FileStore(path, readonly=True)
     probe = (
-        "import sys\nfrom kv import FileStore, StoreBusyError\ntry:\n"
+        "import sys\nfrom kvsaver.kv import FileStore, StoreBusyError\ntry:\n"
         "    FileStore(sys.argv[1])\nexcept StoreBusyError:\n    print('busy')\n"
     )
     assert child_output(probe, path).strip() == "busy"

@@ -26,7 +26,7 @@ import sys
 import time
 from typing import TextIO
 
-from saver.migrate import MigrationError, MigrationStats, VerificationError, migrate_from_sqlite
+from kvsaver.migrate import MigrationError, MigrationStats, VerificationError, migrate_from_sqlite
 
 
 class Progress:

@@ -34,9 +34,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from kv import KVError
-from kv.lmdb_store import compact_lmdb
-from saver import KVSaver, Retention
+from kvsaver import KVSaver, Retention
+from kvsaver.kv import KVError
+from kvsaver.kv.lmdb_store import compact_lmdb
 
 
 @contextmanager
