@@ -53,6 +53,7 @@ from . import compression as C
 from . import retention as R
 from . import schema as S
 from . import stats as ST
+from . import threads as TH
 
 __all__ = ["KVSaver"]
 
@@ -235,19 +236,6 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         recs.sort(key=lambda w: writes_sort_key(w.task_path, w.task_id, w.idx))
         return recs
 
-    @staticmethod
-    def _find_record(txn: Any, thread: str, ns: str, checkpoint_id: Any) -> bytes | None:
-        """The stored record of a checkpoint id, or of the latest checkpoint of
-        (thread, ns) when no id is given: one reverse step over its keys."""
-        if checkpoint_id:
-            return txn.get(S.checkpoint_key(thread, ns, str(checkpoint_id)))
-        first = next(iter(txn.scan(*S.checkpoints_range(thread, ns), reverse=True)), None)
-        return first[1] if first else None
-
-    def _versions(self, rec: S.CheckpointRecord) -> dict[str, Any]:
-        """A stored checkpoint's channel_versions (decodes the checkpoint)."""
-        return self.serde.loads_typed(rec.checkpoint)["channel_versions"]
-
     def _load_tuple(
         self,
         txn: Any,
@@ -284,7 +272,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         thread, ns, conf = _thread_ns(config, "get_tuple")
         checkpoint_id = conf.get("checkpoint_id")
         with self.store.read() as txn:
-            raw = self._find_record(txn, thread, ns, checkpoint_id)
+            raw = TH.find_record(txn, thread, ns, checkpoint_id)
             if raw is None:
                 return None
             return self._load_tuple(
@@ -400,7 +388,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             def exact(txn: Any, resume: Any) -> Iterator[tuple[Any, bytes]]:
                 if resume is not None:
                     return
-                for one_ns in [str(ns)] if ns is not None else self._namespaces(txn, thread):
+                for one_ns in [str(ns)] if ns is not None else TH.namespaces(txn, thread):
                     if before_id and not str(checkpoint_id) < str(before_id):
                         continue
                     raw = txn.get(S.checkpoint_key(thread, one_ns, str(checkpoint_id)))
@@ -410,7 +398,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             return exact
 
         def source(txn: Any, resume: Any) -> Iterator[tuple[Any, bytes]]:
-            namespaces = [str(ns)] if ns is not None else self._namespaces(txn, thread)
+            namespaces = [str(ns)] if ns is not None else TH.namespaces(txn, thread)
             scans = []
             for one_ns in namespaces:
                 start, stop = S.checkpoints_range(thread, one_ns)
@@ -425,18 +413,6 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 yield from _merge_desc(scans)
 
         return source
-
-    def _namespaces(self, txn: Any, thread: str) -> list[str]:
-        """Distinct namespaces of a thread, by skipping from one to the next."""
-        out = []
-        start, stop = S.checkpoints_range(thread)
-        while True:
-            first = next(iter(txn.scan(start, stop)), None)
-            if first is None:
-                return out
-            rec = S.decode_checkpoint(first[1])
-            out.append(rec.checkpoint_ns)
-            start = S.checkpoints_range(thread, rec.checkpoint_ns)[1]
 
     # -- writes -------------------------------------------------------------
 
@@ -484,7 +460,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             txn.put(ckey, record)
             for key in index:
                 txn.put(key, b"")
-            R.touch(txn, thread, now)
+            TH.touch(txn, thread, now)
 
         # transact(): concurrent puts share one commit and one sync.
         self.store.transact(write)
@@ -528,43 +504,16 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             for key, value in entries:
                 if replace or txn.get(key) is None:
                     txn.put(key, value)
-            R.touch(txn, thread, now)
+            TH.touch(txn, thread, now)
 
         self.store.transact(write)
 
     # -- maintenance ------------------------------------------------------------
 
-    def _delete_checkpoint(self, txn: Any, rec: S.CheckpointRecord) -> None:
-        """Remove a checkpoint, its writes and its index entries (not blobs)."""
-        t, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
-        txn.delete(S.checkpoint_key(t, ns, cid))
-        for key in S.index_keys(rec):
-            txn.delete(key)
-        txn.delete_range(*S.writes_range(t, ns, cid))
-
-    def _delete_thread_in(self, txn: Any, thread: str) -> None:
-        for _, raw in list(txn.scan(*S.checkpoints_range(thread))):
-            for key in S.index_keys(S.decode_checkpoint(raw)):
-                txn.delete(key)
-        txn.delete_range(*S.checkpoints_range(thread))
-        txn.delete_range(*S.blobs_range(thread))
-        txn.delete_range(*S.writes_range(thread))
-        R.forget(txn, thread)
-
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, blob and write of a thread, in one transaction."""
         with self.store.write() as txn:
-            self._delete_thread_in(txn, str(thread_id))
-
-    def _gc_blobs(self, txn: Any, thread: str, ns: str) -> None:
-        """Delete the blobs of (thread, ns) that no remaining checkpoint uses."""
-        referenced = set()
-        for _, raw in txn.scan(*S.checkpoints_range(thread, ns)):
-            versions = self._versions(S.decode_checkpoint(raw))
-            referenced.update(key for _, key in S.blob_keys(thread, ns, versions))
-        stale = [key for key, _ in txn.scan(*S.blobs_range(thread, ns)) if key not in referenced]
-        for key in stale:
-            txn.delete(key)
+            TH.delete_thread(txn, str(thread_id))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) created by the given runs,
@@ -580,10 +529,10 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                     if raw is None:
                         continue
                     rec = S.decode_checkpoint(raw)
-                    self._delete_checkpoint(txn, rec)
+                    TH.delete_checkpoint(txn, rec)
                     touched.add((rec.thread_id, rec.checkpoint_ns))
             for thread, ns in sorted(touched):
-                self._gc_blobs(txn, thread, ns)
+                TH.gc_blobs(txn, self.serde, thread, ns)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, blob and write (the complete parent chain) of
@@ -610,7 +559,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 txn.put(ckey, S.encode_checkpoint(rec))
                 for key in S.index_keys(rec):
                     txn.put(key, b"")
-            R.touch(txn, dst, R.now_ms(self.clock))
+            TH.touch(txn, dst, R.now_ms(self.clock))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune threads: ``"keep_latest"`` keeps the latest checkpoint of each
@@ -627,50 +576,10 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         for thread in _id_list(thread_ids, "prune(thread_ids)"):
             with self.store.write() as txn:
                 if strategy == "delete":
-                    self._delete_thread_in(txn, thread)
+                    TH.delete_thread(txn, thread)
                     continue
-                for ns in self._namespaces(txn, thread):
-                    self._keep_latest(txn, thread, ns)
-
-    def _keep_latest(self, txn: Any, thread: str, ns: str, keep_last: int = 1) -> int:
-        """Keep the newest ``keep_last`` checkpoints of (thread, ns) and, for
-        each, the ancestors its DeltaChannels rebuild from; delete the other
-        checkpoints with their writes, then the blobs nothing uses. Used by
-        ``prune`` (N = 1) and by retention sweeps. Returns how many went."""
-        records = {
-            rec.checkpoint_id: rec
-            for rec in (
-                S.decode_checkpoint(raw) for _, raw in txn.scan(*S.checkpoints_range(thread, ns))
-            )
-        }
-        if not records:
-            return 0
-        newest = sorted(
-            records.values(),
-            key=lambda r: S.checkpoint_key(thread, ns, r.checkpoint_id),
-            reverse=True,
-        )[:keep_last]
-        keep: set[str] = set()
-        for latest in newest:
-            keep.add(latest.checkpoint_id)
-            meta = self.serde.loads_typed(latest.metadata)
-            delta = set((meta or {}).get("counters_since_delta_snapshot") or ())
-            cursor = latest.parent_id
-            while delta and cursor is not None and cursor in records:
-                rec = records[cursor]
-                keep.add(cursor)
-                versions = self._versions(rec)
-                for ch in list(delta):
-                    if _stored_value(txn, thread, ns, versions, ch) is not None:
-                        delta.discard(ch)
-                cursor = rec.parent_id
-        deleted = 0
-        for cid, rec in records.items():
-            if cid not in keep:
-                self._delete_checkpoint(txn, rec)
-                deleted += 1
-        self._gc_blobs(txn, thread, ns)
-        return deleted
+                for ns in TH.namespaces(txn, thread):
+                    TH.keep_latest(txn, self.serde, thread, ns)
 
     # -- storage: retention, stats, allowlist --------------------------------------
 
@@ -691,7 +600,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     def stats(self) -> ST.StoreStats:
         """Bytes on disk and live, and per thread its checkpoints, writes,
         blobs and bytes, largest threads first."""
-        return ST.collect(self)
+        return ST.collect(self.store)
 
     def with_allowlist(self, extra_allowlist: Collection[tuple[str, ...]]) -> KVSaver:
         """A shallow clone whose serializer has a derived msgpack allowlist.
@@ -719,17 +628,17 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         seeds: dict[str, Any] = {}
         remaining = set(channels)
         with self.store.read() as txn:
-            raw = self._find_record(txn, thread, ns, conf.get("checkpoint_id"))
+            raw = TH.find_record(txn, thread, ns, conf.get("checkpoint_id"))
             cursor = S.decode_checkpoint(raw).parent_id if raw is not None else None
             while cursor is not None and remaining:
                 raw = txn.get(S.checkpoint_key(thread, ns, cursor))
                 if raw is None:
                     break
                 rec = S.decode_checkpoint(raw)
-                versions = self._versions(rec)
+                versions = TH.versions(self.serde, rec)
                 found: dict[str, Any] = {}
                 for ch in remaining:
-                    if (typed := _stored_value(txn, thread, ns, versions, ch)) is not None:
+                    if (typed := TH.stored_value(txn, thread, ns, versions, ch)) is not None:
                         found[ch] = loads(typed)
                 for w in reversed(self._load_writes(txn, thread, ns, cursor)):
                     if w.channel in remaining:
@@ -827,17 +736,6 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         self, *, config: RunnableConfig, channels: Sequence[str]
     ) -> Mapping[str, DeltaChannelHistory]:
         return await self._run(self.get_delta_channel_history, config=config, channels=channels)
-
-
-def _stored_value(
-    txn: Any, thread: str, ns: str, versions: Mapping[str, Any], channel: str
-) -> S.Typed | None:
-    """The value a checkpoint with these versions stored for ``channel``, or
-    None when it stored none (no version, or the "empty" marker): what ends a
-    DeltaChannel's walk back to its seed."""
-    if channel not in versions:
-        return None
-    return S.decode_blob(txn.get(S.blob_key(thread, ns, channel, versions[channel])))
 
 
 # -- list helpers ---------------------------------------------------------------

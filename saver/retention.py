@@ -46,12 +46,23 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
+
+from kvsaver.kv import Store
+from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from . import schema as S
+from . import threads as TH
 
-if TYPE_CHECKING:
-    from .kvsaver import KVSaver
+
+class KVSaver(Protocol):
+    """What a sweep uses of a saver (``KVSaver`` is one); a protocol, so this
+    module does not import ``kvsaver.py``, which imports it."""
+
+    store: Store
+    serde: SerializerProtocol
+    clock: Callable[[], float]
+    retention: Retention | None
 
 __all__ = ["Retention", "SweepReport"]
 
@@ -60,8 +71,7 @@ logger = logging.getLogger(__name__)
 Strategy = Literal["delete", "keep_latest"]
 Progress = Callable[[int, "int | None"], None]
 
-_TOUCH_RESOLUTION_MS = 1000  # activity is recorded at most once a second per thread
-_SLACK_MS = 2 * _TOUCH_RESOLUTION_MS  # overlap between incremental passes
+_SLACK_MS = 2 * TH.TOUCH_RESOLUTION_MS  # overlap between incremental passes
 
 
 @dataclass(frozen=True)
@@ -162,36 +172,13 @@ def now_ms(clock: Callable[[], float]) -> int:
     return int(clock() * 1000)
 
 
-def touch(txn: Any, thread: str, ms: int) -> None:
-    """Record activity of ``thread`` at ``ms`` (skipped within a second of the
-    stored time, so the puts of one graph run rewrite no index page)."""
-    akey = S.activity_key(thread)
-    raw = txn.get(akey)
-    if raw is not None:
-        old, _ = S.decode_activity(raw)
-        if 0 <= ms - old < _TOUCH_RESOLUTION_MS:
-            return
-        txn.delete(S.idle_key(old, thread))
-    txn.put(akey, S.encode_activity(ms, thread))
-    txn.put(S.idle_key(ms, thread), S.encode_thread(thread))
-
-
-def forget(txn: Any, thread: str) -> None:
-    """Drop the activity record of a deleted thread."""
-    akey = S.activity_key(thread)
-    raw = txn.get(akey)
-    if raw is not None:
-        txn.delete(S.idle_key(S.decode_activity(raw)[0], thread))
-        txn.delete(akey)
-
-
 def last_activity(saver: KVSaver, txn: Any, thread: str) -> tuple[int | None, int | None]:
     """(activity record ms, latest checkpoint ts ms over the namespaces)."""
     raw = txn.get(S.activity_key(thread))
     recorded = None if raw is None else S.decode_activity(raw)[0]
     latest = None
-    for ns in saver._namespaces(txn, thread):
-        raw = saver._find_record(txn, thread, ns, None)
+    for ns in TH.namespaces(txn, thread):
+        raw = TH.find_record(txn, thread, ns, None)
         if raw is None:
             continue
         ms = _ts_ms(saver.serde.loads_typed(S.decode_checkpoint(raw).checkpoint))
@@ -407,29 +394,29 @@ def _handle(
     report.threads_checked += 1
     with saver.store.write() as txn:
         recorded, latest = last_activity(saver, txn, thread)
-        namespaces = saver._namespaces(txn, thread)
+        namespaces = TH.namespaces(txn, thread)
         seen = [x for x in (recorded, latest) if x is not None]
         last = max(seen) if seen else None
         idle = ttl and last is not None and last < _cutoff(r, p)
         if not namespaces:
             # Writes or blobs without a checkpoint (or nothing at all).
             if recorded is None or idle:
-                saver._delete_thread_in(txn, thread)
+                TH.delete_thread(txn, thread)
             return
-        if last is not None and (recorded is None or last - recorded >= _TOUCH_RESOLUTION_MS):
-            touch(txn, thread, last)  # backfill, or a checkpoint newer than the record
+        if last is not None and (recorded is None or last - recorded >= TH.TOUCH_RESOLUTION_MS):
+            TH.touch(txn, thread, last)  # backfill, or a checkpoint newer than the record
         if idle and r.strategy == "delete":
             report.checkpoints_deleted += sum(1 for _ in txn.scan(*S.checkpoints_range(thread)))
-            saver._delete_thread_in(txn, thread)
+            TH.delete_thread(txn, thread)
             report.threads_deleted += 1
             return
         n = 0
         if idle:  # keep_latest: prune once, then leave the idle index until written again
-            n = sum(saver._keep_latest(txn, thread, ns) for ns in namespaces)
+            n = sum(TH.keep_latest(txn, saver.serde, thread, ns) for ns in namespaces)
             raw = txn.get(S.activity_key(thread))
             if raw is not None:
                 txn.delete(S.idle_key(S.decode_activity(raw)[0], thread))
         elif keep is not None:
-            n = sum(saver._keep_latest(txn, thread, ns, keep) for ns in namespaces)
+            n = sum(TH.keep_latest(txn, saver.serde, thread, ns, keep) for ns in namespaces)
         report.checkpoints_deleted += n
         report.threads_pruned += bool(n)

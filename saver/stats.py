@@ -10,15 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kvsaver.kv import Store, SupportsDiskUsage
 from kvsaver.kv.keys import unpack
 
 from . import schema as S
-
-if TYPE_CHECKING:
-    from .kvsaver import KVSaver
 
 __all__ = ["StoreStats", "ThreadStats"]
 
@@ -95,13 +92,13 @@ def disk_usage(store: Store) -> int | None:
     return store.disk_usage() if isinstance(store, SupportsDiskUsage) else None
 
 
-def collect(saver: KVSaver) -> StoreStats:
+def collect(store: Store) -> StoreStats:
     counts: dict[Any, list[int]] = {}  # thread element -> [checkpoints, writes, blobs, bytes]
     names: dict[Any, str] = {}  # surrogate thread element -> thread id
     activity: dict[Any, int] = {}
     slot = {S.CHECKPOINT: 0, S.WRITE: 1, S.BLOB: 2}
     live = 0
-    for key, value in _scan_all(saver.store):
+    for key, value in _scan_all(store):
         size = len(key) + len(value)
         live += size
         elements = unpack(key)
@@ -129,7 +126,7 @@ def collect(saver: KVSaver) -> StoreStats:
         for kt, c in counts.items()
     ]
     threads.sort(key=lambda t: (-t.bytes, t.thread_id))
-    disk = disk_usage(saver.store)
+    disk = disk_usage(store)
     return StoreStats(
         disk_bytes=live if disk is None else disk,
         live_bytes=live,

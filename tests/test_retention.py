@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import Annotated, Any, TypedDict
 
 import pytest
-from kvsaver import KVSaver, Retention
+from kvsaver import KVSaver, Retention, threads
 from kvsaver import schema as S
 from kvsaver.kv import MemoryStore
 from kvsaver.kv.keys import unpack
@@ -410,7 +410,9 @@ def test_put_sweeps_in_bounded_steps_when_the_interval_elapsed() -> None:
     assert threads_in(saver) == {"new"}
 
 
-def test_a_failing_sweep_never_fails_the_put(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failing_sweep_never_fails_the_put(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     clock = FakeClock()
     saver = KVSaver(
         ":memory:", retention=Retention(keep_last=1, sweep_interval_minutes=1), clock=clock
@@ -420,7 +422,7 @@ def test_a_failing_sweep_never_fails_the_put(caplog: pytest.LogCaptureFixture) -
     def broken(*args: Any, **kwargs: Any) -> int:
         raise RuntimeError("boom")
 
-    saver._keep_latest = broken  # type: ignore[method-assign]
+    monkeypatch.setattr(threads, "keep_latest", broken)
     clock.advance(5)
     put_direct(saver, "t", 1)  # the sweep step fails; the put does not
     assert count(saver, "t") == 3

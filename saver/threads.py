@@ -1,0 +1,158 @@
+"""Thread-level operations inside one transaction: find a checkpoint record,
+list a thread's namespaces, delete checkpoints, threads and unused blobs,
+keep the latest checkpoints (DeltaChannel-safe), and the activity index.
+
+``kvsaver.py``, ``retention.py`` and ``stats.py`` all build on these; this
+module imports only ``schema`` and the serializer protocol, so the imports
+inside the package run one way (issue #12: they used to be private methods
+of ``KVSaver`` that ``retention`` and ``stats`` reached into, a cycle).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from . import schema as S
+
+TOUCH_RESOLUTION_MS = 1000  # activity is recorded at most once a second per thread
+
+
+def find_record(txn: Any, thread: str, ns: str, checkpoint_id: Any) -> bytes | None:
+    """The stored record of a checkpoint id, or of the latest checkpoint of
+    (thread, ns) when no id is given: one reverse step over its keys."""
+    if checkpoint_id:
+        return txn.get(S.checkpoint_key(thread, ns, str(checkpoint_id)))
+    first = next(iter(txn.scan(*S.checkpoints_range(thread, ns), reverse=True)), None)
+    return first[1] if first else None
+
+
+def versions(serde: SerializerProtocol, rec: S.CheckpointRecord) -> dict[str, Any]:
+    """A stored checkpoint's channel_versions (decodes the checkpoint)."""
+    return serde.loads_typed(rec.checkpoint)["channel_versions"]
+
+
+def namespaces(txn: Any, thread: str) -> list[str]:
+    """Distinct namespaces of a thread, by skipping from one to the next."""
+    out = []
+    start, stop = S.checkpoints_range(thread)
+    while True:
+        first = next(iter(txn.scan(start, stop)), None)
+        if first is None:
+            return out
+        rec = S.decode_checkpoint(first[1])
+        out.append(rec.checkpoint_ns)
+        start = S.checkpoints_range(thread, rec.checkpoint_ns)[1]
+
+
+def stored_value(
+    txn: Any, thread: str, ns: str, channel_versions: Mapping[str, Any], channel: str
+) -> S.Typed | None:
+    """The value a checkpoint with these versions stored for ``channel``, or
+    None when it stored none (no version, or the "empty" marker): what ends a
+    DeltaChannel's walk back to its seed."""
+    if channel not in channel_versions:
+        return None
+    return S.decode_blob(txn.get(S.blob_key(thread, ns, channel, channel_versions[channel])))
+
+
+def delete_checkpoint(txn: Any, rec: S.CheckpointRecord) -> None:
+    """Remove a checkpoint, its writes and its index entries (not blobs)."""
+    t, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
+    txn.delete(S.checkpoint_key(t, ns, cid))
+    for key in S.index_keys(rec):
+        txn.delete(key)
+    txn.delete_range(*S.writes_range(t, ns, cid))
+
+
+def delete_thread(txn: Any, thread: str) -> None:
+    """Remove every checkpoint, blob, write and index entry of a thread."""
+    for _, raw in list(txn.scan(*S.checkpoints_range(thread))):
+        for key in S.index_keys(S.decode_checkpoint(raw)):
+            txn.delete(key)
+    txn.delete_range(*S.checkpoints_range(thread))
+    txn.delete_range(*S.blobs_range(thread))
+    txn.delete_range(*S.writes_range(thread))
+    forget(txn, thread)
+
+
+def gc_blobs(txn: Any, serde: SerializerProtocol, thread: str, ns: str) -> None:
+    """Delete the blobs of (thread, ns) that no remaining checkpoint uses."""
+    referenced = set()
+    for _, raw in txn.scan(*S.checkpoints_range(thread, ns)):
+        vs = versions(serde, S.decode_checkpoint(raw))
+        referenced.update(key for _, key in S.blob_keys(thread, ns, vs))
+    stale = [key for key, _ in txn.scan(*S.blobs_range(thread, ns)) if key not in referenced]
+    for key in stale:
+        txn.delete(key)
+
+
+def keep_latest(
+    txn: Any, serde: SerializerProtocol, thread: str, ns: str, keep_last: int = 1
+) -> int:
+    """Keep the newest ``keep_last`` checkpoints of (thread, ns) and, for
+    each, the ancestors its DeltaChannels rebuild from; delete the other
+    checkpoints with their writes, then the blobs nothing uses. Used by
+    ``prune`` (N = 1) and by retention sweeps. Returns how many went."""
+    records = {
+        rec.checkpoint_id: rec
+        for rec in (
+            S.decode_checkpoint(raw) for _, raw in txn.scan(*S.checkpoints_range(thread, ns))
+        )
+    }
+    if not records:
+        return 0
+    newest = sorted(
+        records.values(),
+        key=lambda r: S.checkpoint_key(thread, ns, r.checkpoint_id),
+        reverse=True,
+    )[:keep_last]
+    keep: set[str] = set()
+    for latest in newest:
+        keep.add(latest.checkpoint_id)
+        meta = serde.loads_typed(latest.metadata)
+        delta = set((meta or {}).get("counters_since_delta_snapshot") or ())
+        cursor = latest.parent_id
+        while delta and cursor is not None and cursor in records:
+            rec = records[cursor]
+            keep.add(cursor)
+            vs = versions(serde, rec)
+            for ch in list(delta):
+                if stored_value(txn, thread, ns, vs, ch) is not None:
+                    delta.discard(ch)
+            cursor = rec.parent_id
+    deleted = 0
+    for cid, rec in records.items():
+        if cid not in keep:
+            delete_checkpoint(txn, rec)
+            deleted += 1
+    gc_blobs(txn, serde, thread, ns)
+    return deleted
+
+
+# -- the activity index (retention's TTL) -----------------------------------------
+
+
+def touch(txn: Any, thread: str, ms: int) -> None:
+    """Record activity of ``thread`` at ``ms`` (skipped within a second of the
+    stored time, so the puts of one graph run rewrite no index page)."""
+    akey = S.activity_key(thread)
+    raw = txn.get(akey)
+    if raw is not None:
+        old, _ = S.decode_activity(raw)
+        if 0 <= ms - old < TOUCH_RESOLUTION_MS:
+            return
+        txn.delete(S.idle_key(old, thread))
+    txn.put(akey, S.encode_activity(ms, thread))
+    txn.put(S.idle_key(ms, thread), S.encode_thread(thread))
+
+
+def forget(txn: Any, thread: str) -> None:
+    """Drop the activity record of a deleted thread."""
+    akey = S.activity_key(thread)
+    raw = txn.get(akey)
+    if raw is not None:
+        txn.delete(S.idle_key(S.decode_activity(raw)[0], thread))
+        txn.delete(akey)
