@@ -161,6 +161,7 @@ def main(out_dir: str) -> None:
         os.remove(file_path)
     with KVSaver(file_path, backend="file") as saver:
         apply(saver, log)
+    os.remove(file_path + ".lock")  # FileStore's lock file: not part of the store
     tmp = tempfile.mkdtemp()
     try:
         with KVSaver(os.path.join(tmp, "store"), durability="none") as saver:
