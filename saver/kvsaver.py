@@ -54,6 +54,7 @@ from . import retention as R
 from . import schema as S
 from . import stats as ST
 from . import threads as TH
+from . import upgrade as U
 
 __all__ = ["KVSaver"]
 
@@ -137,6 +138,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     """
 
     store: Store
+    _legacy_writes = False  # format-1 write keys may be present (read-only open)
 
     def __init__(
         self,
@@ -187,6 +189,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     # -- lifecycle ------------------------------------------------------------
 
     def _check_schema(self) -> None:
+        """Write the schema record of a new store; refuse a foreign store or a
+        newer format; upgrade an older format (writable) or note it (read-only)."""
         with self.store.read() as txn:
             raw = txn.get(S.SCHEMA_KEY)
             empty = raw is None and next(iter(txn.scan(None, None)), None) is None
@@ -207,6 +211,19 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 f"this store was written by kvsaver format {version}; this version of "
                 f"kvsaver reads format {S.FORMAT_VERSION} and older. Upgrade kvsaver."
             )
+        if version < S.FORMAT_VERSION:
+            if self.store.readonly:
+                # Read as it is (saver/upgrade.py); another process may
+                # upgrade it meanwhile, which reads the same.
+                self._legacy_writes = True
+                return
+            with self.store.write() as txn:  # one transaction: all of it or none
+                raw = txn.get(S.SCHEMA_KEY)
+                record = S.decode_schema_record(raw) if raw is not None else {}
+                version = int(record.get("format", S.FORMAT_VERSION))
+                if version < S.FORMAT_VERSION:
+                    done = list(record.get("upgrades") or []) + U.upgrade(txn, version)
+                    txn.put(S.SCHEMA_KEY, S.encode_schema(done))
 
     def close(self) -> None:
         """Close the underlying store if this saver opened it."""
@@ -231,9 +248,10 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         self, txn: Any, thread: str, ns: str, checkpoint_id: str
     ) -> list[S.WriteRecord]:
         recs = [S.decode_write(v) for _, v in txn.scan(*S.writes_range(thread, ns, checkpoint_id))]
-        # Key order is writes_sort_key order except for over-long ids, which
-        # the schema shortens; sorting an already sorted list is linear.
+        # Keys are (task_id, idx), the identity; reads are in task_path order.
         recs.sort(key=lambda w: writes_sort_key(w.task_path, w.task_id, w.idx))
+        if self._legacy_writes:  # a format-1 store opened read-only
+            return U.first_per_identity(recs)
         return recs
 
     def _load_tuple(
@@ -480,6 +498,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         ``INTERRUPT``, ... with negative indexes) replaces what is stored
         under the same (task_id, idx); any other batch ignores writes whose
         (task_id, idx) is already stored, so a retried task is not duplicated.
+        ``task_path`` is not part of a write's identity (as in SqliteSaver):
+        it is stored, and orders the writes that ``get_tuple`` returns.
         """
         thread, ns, conf = _thread_ns(config, "put_writes")
         checkpoint_id = conf.get("checkpoint_id")
@@ -492,7 +512,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         task_id, task_path = str(task_id), str(task_path)
         dumps = self.serde.dumps_typed
         idxs = [WRITES_IDX_MAP.get(channel, idx) for idx, (channel, _) in enumerate(writes)]
-        keys = S.write_keys(thread, ns, checkpoint_id, task_path, task_id, idxs)
+        keys = S.write_keys(thread, ns, checkpoint_id, task_id, idxs)
         entries = [
             (key, S.encode_write(S.WriteRecord(task_id, channel, dumps(value), task_path, widx)))
             for key, widx, (channel, value) in zip(keys, idxs, writes)

@@ -755,15 +755,14 @@ _ids = st.text(max_size=40) | st.sampled_from(["", "a\x00b", "🦜", "x" * 600])
     thread=_ids,
     ns=_ids,
     cid=_ids,
-    path=_ids,
     task=_ids,
     idxs=st.lists(st.integers(min_value=-10, max_value=10**6), max_size=5),
 )
 def test_write_keys_are_write_key_of_each_idx(
-    thread: str, ns: str, cid: str, path: str, task: str, idxs: list[int]
+    thread: str, ns: str, cid: str, task: str, idxs: list[int]
 ) -> None:
-    assert S.write_keys(thread, ns, cid, path, task, idxs) == [
-        S.write_key(thread, ns, cid, path, task, i) for i in idxs
+    assert S.write_keys(thread, ns, cid, task, idxs) == [
+        S.write_key(thread, ns, cid, task, i) for i in idxs
     ]
 
 

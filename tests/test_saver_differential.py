@@ -18,8 +18,6 @@ for the KVSaver-only checks of the same areas):
 * checkpoint ids are unique across threads and namespaces, as uuid6 ids are:
   SqliteSaver orders by checkpoint_id only, so equal ids in two threads come
   back in an unspecified order;
-* a task id always has the same task_path (langgraph derives the id from the
-  path; SqliteSaver's writes key has no task_path column);
 * metadata is JSON-like and filters are scalars (SqliteSaver keeps metadata as
   JSON text and filters with json_extract);
 * ``limit`` is never negative and ``before`` always has a checkpoint_id.
@@ -214,20 +212,31 @@ class SaverComparison(RuleBasedStateMachine):
             st.tuples(st.sampled_from(CHANNELS + SPECIAL), values), min_size=0, max_size=4
         ),
         repeat=st.booleans(),
+        own_path=st.integers(0, 3),
+        other_path=st.sampled_from(sorted(set(TASKS.values()))),
     )
     def put_writes(
-        self, pick: int, task_id: str, writes: list[tuple[str, Any]], repeat: bool
+        self,
+        pick: int,
+        task_id: str,
+        writes: list[tuple[str, Any]],
+        repeat: bool,
+        own_path: int,
+        other_path: str,
     ) -> None:
         targets = self.existing()
         if not targets:
             return
         thread, ns, cid = targets[pick % len(targets)]
         conf = config(thread, ns, cid)
-        self.both("put_writes", lambda s: s.put_writes(conf, writes, task_id, TASKS[task_id]))
+        # Mostly the task's own path; sometimes another one: a task id is one
+        # task whatever its path (issue #12.1).
+        path = TASKS[task_id] if own_path else other_path
+        self.both("put_writes", lambda s: s.put_writes(conf, writes, task_id, path))
         if repeat:
             # A retried task: regular writes are ignored, special ones replace.
             retry = [(ch, ("retry", i)) for i, (ch, _) in enumerate(writes)]
-            self.both("put_writes", lambda s: s.put_writes(conf, retry, task_id, TASKS[task_id]))
+            self.both("put_writes", lambda s: s.put_writes(conf, retry, task_id, path))
 
     @rule(thread=st.sampled_from(THREADS), ns=st.sampled_from(NAMESPACES), with_ns=st.booleans())
     def get_latest(self, thread: str, ns: str, with_ns: bool) -> None:
