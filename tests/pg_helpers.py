@@ -79,16 +79,18 @@ class PgServer:
     def _ctl(self, *args: str) -> None:
         self._run(f"{self.bindir}/pg_ctl", "-D", self.data, *args)
 
-    def start(self) -> None:
+    def start(self, durable: bool = False) -> None:
+        """Tests: no fsync (a throwaway cluster); ``durable=True`` (benchmarks):
+        PostgreSQL's defaults, a commit is a WAL flush."""
         self._run(
             f"{self.bindir}/initdb", "-D", self.data, "-A", "trust", "-U", "postgres",
             "-E", "UTF8", "--locale=C", "--no-sync",
         )  # fmt: skip
         options = (
-            f"-k {self.base} -p {self.port} -c listen_addresses=127.0.0.1 "
-            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
-            "-c max_connections=200"
+            f"-k {self.base} -p {self.port} -c listen_addresses=127.0.0.1 -c max_connections=200"
         )
+        if not durable:
+            options += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
         self._ctl("-l", os.path.join(self.base, "log"), "-w", "-t", "60", "-o", options, "start")
         self.started = True
 
