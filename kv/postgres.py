@@ -249,31 +249,45 @@ class _PGTxn:
         self._open = True
         self._known: dict[bytes, bytes | None] = {}
         self._dirty: dict[bytes, bytes | None] = {}
+        # First chunks of scans not yet sent: they go with the next round trip.
+        self._queue: list[tuple[Any, Any, _Pending | None]] = []
+        self._unclaimed: dict[tuple[Any, ...], _Pending] = {}
         self.lost = False  # the connection broke (the store discards it)
         self.failed: KVError | None = None  # a statement failed: the txn is rolled back
         self.may_resend = True  # nothing committed or returned yet: a retry is safe
 
     # -- statements -------------------------------------------------------------
     def _run(self, query: Any, params: Sequence[Any] | None) -> Any:
-        """Execute one statement (after BEGIN and buffered writes, all in one
-        round trip); the cursor, ready to fetch."""
+        """Execute one statement (``None``: only what is queued) after BEGIN,
+        the buffered writes and the queued scans, all in one round trip; the
+        cursor, ready to fetch."""
         if not self._open:
             raise StoreClosedError("transaction is finished")
         if self.failed is not None:
             raise self.failed
-        pre: list[tuple[Any, Any]] = []
+        pre: list[tuple[Any, Any, _Pending | None]] = []
         if not self._begun:
-            pre.append((self._begin, None))
-        pre.extend(self._flush_statements())
+            pre.append((self._begin, None, None))
+        pre.extend(self._queue)
+        pre.extend((q, p, None) for q, p in self._flush_statements())
         while True:
             try:
-                self._store._statements += 1 + len(pre)
+                self._store._statements += len(pre) + (query is not None)
                 self._store._round_trips += 1
                 if pre:
                     with self._conn.pipeline():
-                        for q, p in pre:
-                            self._cur.execute(q, p)
-                        self._cur.execute(query, params)
+                        for q, p, pending in pre:
+                            if pending is None:
+                                self._cur.execute(q, p)
+                            else:
+                                pending.cur = self._conn.cursor(binary=True)
+                                pending.cur.execute(q, p)
+                        if query is not None:
+                            self._cur.execute(query, params)
+                    for _, _, pending in pre:
+                        if pending is not None:
+                            pending.rows = pending.cur.fetchall()
+                            pending.cur = None
                 else:
                     self._cur.execute(query, params)
                 break
@@ -289,6 +303,7 @@ class _PGTxn:
         self._begun = True
         self.may_resend = False
         self._dirty.clear()
+        self._queue.clear()
         return self._cur
 
     def _fail(self, e: Exception, where: str) -> None:
@@ -309,16 +324,22 @@ class _PGTxn:
             out.append((self._q.delete_many, (dels,)))
         return out
 
+    def _unsent_writes(self) -> list[tuple[Any, Any]]:
+        queued = [(q, p) for q, p, pending in self._queue if pending is None]
+        self._queue.clear()
+        return queued + self._flush_statements()
+
     def finish(self, commit: bool) -> None:
         """COMMIT (with the buffered writes, one round trip) or ROLLBACK."""
         self._open = False
+        writes = self._unsent_writes() if commit else []
         if not self._begun or self.lost:
-            if commit and self._dirty and not self.lost:
+            if writes and not self.lost:
                 # Only writes, no read: BEGIN, the writes and COMMIT in one go.
-                self._commit([(self._begin, None), *self._flush_statements()])
+                self._commit([(self._begin, None), *writes])
             return
         if commit and self.failed is None:
-            self._commit(self._flush_statements())
+            self._commit(writes)
             return
         try:
             self._store._round_trips += 1
@@ -421,23 +442,60 @@ class _PGTxn:
         limit: int | None = None,
     ) -> Iterator[tuple[bytes, bytes]]:
         """Keyset-paginated chunks: the first of ``min(limit, 64)`` rows, then
-        growing to 1024, each resuming after the last key returned."""
+        growing to 1024, each resuming after the last key returned.
+
+        The first chunk's query is queued when ``scan`` is called and sent with
+        the next round trip (any read's, or this iterator's first ``next``):
+        a caller that calls ``scan`` and then ``get_many`` pays one round trip
+        for both. A scan called again with the same arguments before the first
+        one was iterated takes over its queued result."""
         if limit is not None and limit <= 0:
             return iter(())
         if start is not None and stop is not None and start >= stop:
             return iter(())
-        return self._scan(start, stop, reverse, limit)
+        if not self._open:
+            raise StoreClosedError("transaction is finished")
+        args = (start, stop, reverse, limit)
+        token = object()
+        pending = self._unclaimed.pop(args, None)
+        if pending is not None:
+            pending.owner = token
+        else:
+            chunk = _FIRST_CHUNK if limit is None else min(limit, _MAX_CHUNK)
+            pending = _Pending(args, chunk)
+            # Writes made before this scan are sent before it.
+            self._queue.extend((q, p, None) for q, p in self._flush_statements())
+            self._dirty.clear()
+            q, params = self._scan_query(start, stop, reverse, chunk)
+            self._queue.append((q, params, pending))
+            self._unclaimed[args] = pending
+        return self._scan(pending, token)
 
-    def _scan(
-        self, start: bytes | None, stop: bytes | None, reverse: bool, limit: int | None
-    ) -> Iterator[tuple[bytes, bytes]]:
-        chunk = _FIRST_CHUNK if limit is None else min(limit, _MAX_CHUNK)
+    def _scan_query(
+        self, start: bytes | None, stop: bytes | None, reverse: bool, chunk: int
+    ) -> tuple[Any, list[Any]]:
+        q = self._q.scan(start is not None, stop is not None, reverse)
+        params: list[Any] = [b for b in (start, stop) if b is not None]
+        params.append(chunk)
+        return q, params
+
+    def _scan(self, pending: _Pending, token: object) -> Iterator[tuple[bytes, bytes]]:
+        start, stop, reverse, limit = pending.args
+        chunk = pending.chunk
+        if pending.owner is None:
+            pending.owner = token
+            if self._unclaimed.get(pending.args) is pending:
+                del self._unclaimed[pending.args]
+        if pending.owner is token:
+            if pending.rows is None:
+                self._run(None, None)  # sends the queue, this scan's first chunk with it
+            rows = pending.rows
+        else:  # taken over by a later identical scan: ask again
+            q, params = self._scan_query(start, stop, reverse, chunk)
+            rows = self._run(q, params).fetchall()
         left = limit
         while True:
-            q = self._q.scan(start is not None, stop is not None, reverse)
-            params: list[Any] = [b for b in (start, stop) if b is not None]
-            params.append(chunk)
-            rows = self._run(q, params).fetchall()
+            assert rows is not None
             for row in rows:
                 yield row[0], row[1]
             if left is not None:
@@ -454,6 +512,21 @@ class _PGTxn:
             chunk = min(chunk * 4, _MAX_CHUNK)
             if left is not None:
                 chunk = min(chunk, left)
+            q, params = self._scan_query(start, stop, reverse, chunk)
+            rows = self._run(q, params).fetchall()
+
+
+class _Pending:
+    """A scan's first chunk: queued, then its rows."""
+
+    __slots__ = ("args", "chunk", "cur", "owner", "rows")
+
+    def __init__(self, args: tuple[Any, ...], chunk: int) -> None:
+        self.args = args
+        self.chunk = chunk
+        self.cur: Any = None
+        self.owner: object | None = None
+        self.rows: list[Any] | None = None
 
 
 def _inside(k: bytes, start: bytes | None, stop: bytes | None) -> bool:
