@@ -251,6 +251,7 @@ class _PGTxn:
         self._dirty: dict[bytes, bytes | None] = {}
         # First chunks of scans not yet sent: they go with the next round trip.
         self._queue: list[tuple[Any, Any, _Pending | None]] = []
+        self._xid = _Pending((), 1)
         self._unclaimed: dict[tuple[Any, ...], _Pending] = {}
         self.lost = False  # the connection broke (the store discards it)
         self.failed: KVError | None = None  # a statement failed: the txn is rolled back
@@ -268,6 +269,8 @@ class _PGTxn:
         pre: list[tuple[Any, Any, _Pending | None]] = []
         if not self._begun:
             pre.append((self._begin, None, None))
+            if self._write:  # the id whose fate a lost COMMIT is checked by
+                pre.append((_XID, None, self._xid))
         pre.extend(self._queue)
         pre.extend((q, p, None) for q, p in self._flush_statements())
         while True:
@@ -336,7 +339,7 @@ class _PGTxn:
         if not self._begun or self.lost:
             if writes and not self.lost:
                 # Only writes, no read: BEGIN, the writes and COMMIT in one go.
-                self._commit([(self._begin, None), *writes])
+                self._commit([(self._begin, None), *writes], with_xid=True)
             return
         if commit and self.failed is None:
             self._commit(writes)
@@ -347,24 +350,40 @@ class _PGTxn:
         except Exception:
             self.lost = True  # the server rolls back a broken session itself
 
-    def _commit(self, pre: list[tuple[Any, Any]]) -> None:
+    def _commit(self, pre: list[tuple[Any, Any]], with_xid: bool = False) -> None:
         """The buffered writes and COMMIT in one pipeline (one round trip). An
-        error the server reports aborts the transaction (nothing committed);
-        a connection lost on the way leaves the outcome unknown."""
-        self._store._statements += 1 + len(pre)
+        error the server reports aborts the transaction (nothing committed).
+        A connection lost on the way: the transaction's id, fetched with its
+        first statement, is looked up on a new connection (txid_status), so
+        the outcome is known unless the server cannot be reached."""
+        self._store._statements += 1 + len(pre) + with_xid
         self._store._round_trips += 1
         try:
             with self._conn.pipeline():
-                for q, params in pre:
+                for i, (q, params) in enumerate(pre):
                     self._cur.execute(q, params)
+                    if with_xid and i == 0:
+                        self._xid.cur = self._conn.cursor()
+                        self._xid.cur.execute(_XID)
                 self._cur.execute("COMMIT")
+                if with_xid:
+                    self._xid.rows = self._xid.cur.fetchall()
         except Exception as e:
             lost = _classify(e) == "lost" or self._conn.broken or self._conn.closed
-            if lost:
-                self.lost = True
-            else:
+            if not lost:
                 self._rollback_quietly()
-            self.failed = _translate(e, "commit", committing=lost)
+                self.failed = _translate(e, "commit")
+                raise self.failed from e
+            self.lost = True
+            if with_xid and self._xid.rows is None and self._xid.cur is not None:
+                try:
+                    self._xid.rows = self._xid.cur.fetchall()
+                except Exception:
+                    pass
+            fate = self._store._fate(self._xid.rows[0][0] if self._xid.rows else None)
+            if fate == "committed":
+                return
+            self.failed = _translate(e, "commit", committing=fate != "aborted")
             raise self.failed from e
         finally:
             self._dirty.clear()
@@ -857,6 +876,33 @@ class PostgresStore:
         finally:
             self._leave_writer()
 
+    def _fate(self, xid: int | None, wait: float = 2.0) -> str | None:
+        """'committed', 'aborted' or None (unknown) for a transaction whose
+        COMMIT was lost on the way: asked on a new connection, waiting a
+        little while the server still shows it in progress."""
+        if xid is None:
+            return None
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                conn = self._getconn()
+            except KVError:
+                return None
+            lost = False
+            try:
+                row = conn.execute("SELECT txid_status(%s)", (xid,)).fetchone()
+            except Exception:
+                lost = True
+                row = None
+            finally:
+                self._putconn(conn, lost)
+            status = row[0] if row else None
+            if status in ("committed", "aborted"):
+                return str(status)
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
+
     # -- maintenance ------------------------------------------------------------------
     def disk_usage(self) -> int:
         """Bytes of the table with its index and TOAST (pg_total_relation_size)."""
@@ -904,6 +950,9 @@ class PostgresStore:
 
     def __repr__(self) -> str:
         return f"PostgresStore(table={self.table!r})"
+
+
+_XID = "SELECT txid_current()"
 
 
 def _retryable(error: BaseException, txn: _PGTxn) -> bool:

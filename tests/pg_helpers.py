@@ -96,7 +96,10 @@ class PgServer:
 
     def restart(self) -> None:
         """``pg_ctl restart -m fast``: every session is ended, the server comes back."""
-        self._ctl("-w", "-t", "60", "-m", "fast", "restart")
+        # -l again: without it the new postmaster would write to our pipe,
+        # which then never closes.
+        log = os.path.join(self.base, "log")
+        self._ctl("-l", log, "-w", "-t", "60", "-m", "fast", "restart")
 
     def stop(self) -> None:
         if self.started:
