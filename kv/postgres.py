@@ -712,6 +712,9 @@ class PostgresStore:
             raise _translate(e, "connect") from e
         if not conn.autocommit:
             conn.autocommit = True  # transactions are explicit BEGIN ... COMMIT
+        # No server-side prepared statements: after an error inside a pipeline
+        # psycopg's cache can name a statement whose PREPARE was skipped.
+        conn.prepare_threshold = None
         return conn
 
     def _putconn(self, conn: Any, lost: bool) -> None:
