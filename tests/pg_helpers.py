@@ -182,3 +182,16 @@ def shared_pool() -> Any:
             )
         )
     return _POOL[0]
+
+
+def fresh_database(url: str) -> str:
+    """A new empty database on the server at ``url``; its URL (for tools that
+    use the default table name)."""
+    import psycopg
+    from psycopg import sql
+
+    name = unique_table("db")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    base, _, query = url.partition("?")
+    return base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")

@@ -399,6 +399,40 @@ def test_get_put_delete(store: Any) -> None:
     assert dump(store) == [(b"b", b""), (b"c", b"33")]
 
 
+@pytest.mark.parametrize("keys", KEY_SETS.values(), ids=KEY_SETS.keys())
+def test_get_many_and_scan_with_a_limit(store: Any, keys: list[bytes]) -> None:
+    """The batched operations (issue #14): get_many is [get(k) for k in keys]
+    (order kept, repeats and missing keys included); scan(limit=n) is the
+    first n pairs of the same scan, in both directions, in read and write
+    transactions (there over the transaction's own changes too)."""
+    model = {k: b"v" + k[:8] for k in keys}
+    put_all(store, model.items())
+    probe = [*keys, b"missing", *keys[:2], b"x" * 600]
+    for limit in (0, 1, 2, 5, 100):
+        with store.read() as txn:
+            assert txn.get_many(probe) == [model.get(k) for k in probe]
+            assert txn.get_many([]) == []
+            for start in BOUNDS[::3]:
+                for stop in BOUNDS[::4]:
+                    for reverse in (False, True):
+                        want = expected_scan(model, start, stop, reverse)[:limit]
+                        got = list(txn.scan(start, stop, reverse=reverse, limit=limit))
+                        assert got == want, (start, stop, reverse, limit)
+    with pytest.raises(Rollback), store.write() as txn:
+        txn.put(b"a\x00", b"new")
+        local = {**model, b"a\x00": b"new"}
+        if keys:
+            assert txn.delete(keys[0]) is True
+            del local[keys[0]]
+        assert txn.get_many([b"a\x00", *keys]) == [local.get(k) for k in [b"a\x00", *keys]]
+        for reverse in (False, True):
+            assert list(txn.scan(reverse=reverse, limit=2)) == expected_scan(
+                local, None, None, reverse
+            )[:2]
+        raise Rollback
+    assert dump(store) == expected_scan(model, None, None, False)
+
+
 def test_large_value(store: Any) -> None:
     big = random.Random(1).randbytes(3 << 20)
     put_all(store, [(b"big", big), (b"small", b"s")])
