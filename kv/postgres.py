@@ -30,7 +30,12 @@ Round trips (what a network costs; counted by tests/test_postgres.py)
     (``INSERT ... SELECT unnest(...) ON CONFLICT DO UPDATE``, plus one
     ``DELETE ... = ANY(...)``), pipelined with ``COMMIT`` or with the next read
     that must go to the server. ``BEGIN`` is pipelined with the first
-    statement. Point reads are remembered for the rest of the transaction
+    statement; a read's ``ROLLBACK`` is deferred to the first round trip of
+    the connection's next transaction (or sent by a reaper thread after
+    ``_LINGER`` seconds, so no session stays idle in a transaction for long).
+    A scan's first chunk is queued and sent with the next round trip (so a
+    scan followed by ``get_many`` costs one). Point reads are remembered for
+    the rest of the transaction
     (the snapshot cannot change under it), so ``get_many`` followed by ``get``
     of the same keys costs one round trip. Scans fetch keyset-paginated
     chunks (``WHERE key > last ORDER BY key LIMIT n``), never the whole range
@@ -252,6 +257,9 @@ class _PGTxn:
         # First chunks of scans not yet sent: they go with the next round trip.
         self._queue: list[tuple[Any, Any, _Pending | None]] = []
         self._xid = _Pending((), 1)
+        # The connection still holds the previous read's snapshot: its
+        # ROLLBACK goes first in this transaction's first round trip.
+        self._pre_rollback = False
         self._unclaimed: dict[tuple[Any, ...], _Pending] = {}
         self.lost = False  # the connection broke (the store discards it)
         self.failed: KVError | None = None  # a statement failed: the txn is rolled back
@@ -279,6 +287,8 @@ class _PGTxn:
                 self._store._round_trips += 1
                 if pre:
                     with self._conn.pipeline():
+                        if self._pre_rollback:
+                            self._cur.execute("ROLLBACK")
                         for q, p, pending in pre:
                             if pending is None:
                                 self._cur.execute(q, p)
@@ -304,6 +314,7 @@ class _PGTxn:
                     continue  # the first statement on a dead pooled connection: resend
                 self._fail(e, "statement")
         self._begun = True
+        self._pre_rollback = False
         self.may_resend = False
         self._dirty.clear()
         self._queue.clear()
@@ -339,7 +350,10 @@ class _PGTxn:
         if not self._begun or self.lost:
             if writes and not self.lost:
                 # Only writes, no read: BEGIN, the writes and COMMIT in one go.
-                self._commit([(self._begin, None), *writes], with_xid=True)
+                first = [("ROLLBACK", None)] if self._pre_rollback else []
+                self._commit([*first, (self._begin, None), *writes], xid_after=len(first))
+            elif self._pre_rollback and not self.lost:
+                self._rollback_quietly()
             return
         if commit and self.failed is None:
             self._commit(writes)
@@ -350,19 +364,20 @@ class _PGTxn:
         except Exception:
             self.lost = True  # the server rolls back a broken session itself
 
-    def _commit(self, pre: list[tuple[Any, Any]], with_xid: bool = False) -> None:
+    def _commit(self, pre: list[tuple[Any, Any]], xid_after: int | None = None) -> None:
         """The buffered writes and COMMIT in one pipeline (one round trip). An
         error the server reports aborts the transaction (nothing committed).
         A connection lost on the way: the transaction's id, fetched with its
         first statement, is looked up on a new connection (txid_status), so
         the outcome is known unless the server cannot be reached."""
+        with_xid = xid_after is not None
         self._store._statements += 1 + len(pre) + with_xid
         self._store._round_trips += 1
         try:
             with self._conn.pipeline():
                 for i, (q, params) in enumerate(pre):
                     self._cur.execute(q, params)
-                    if with_xid and i == 0:
+                    if i == xid_after:
                         self._xid.cur = self._conn.cursor()
                         self._xid.cur.execute(_XID)
                 self._cur.execute("COMMIT")
@@ -636,6 +651,9 @@ class PostgresStore:
         self._setup_lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._writer: int | None = None
+        self._lingering: list[tuple[float, Any]] = []  # reads whose ROLLBACK is deferred
+        self._linger_lock = threading.Lock()
+        self._reaper: threading.Thread | None = None
         self._statements = 0  # statements sent (tests count round trips with these)
         self._round_trips = 0
         self._pid = os.getpid()
@@ -691,7 +709,10 @@ class PostgresStore:
                 "a PostgresStore opened on a pool cannot be used after fork(); "
                 "open a new one in the child"
             )
-        _ABANDONED.append(self._pool)
+        _ABANDONED.append((self._pool, self._lingering))
+        self._lingering = []
+        self._linger_lock = threading.Lock()
+        self._reaper = None
         self._pid = os.getpid()
         self._pool = self._make_pool()
         self._finalizer.detach()
@@ -737,19 +758,61 @@ class PostgresStore:
             return False
         txn._conn = conn
         txn._cur = conn.cursor(binary=True)
+        txn._pre_rollback = False  # a fresh connection has no snapshot to end
         return True
 
     def _open_txn(self, write: bool) -> _PGTxn:
         self._check_open()
         self.setup()
-        conn = self._getconn()
-        return _PGTxn(self, conn, write)
+        conn = self._take_lingering()
+        if conn is None:
+            return _PGTxn(self, self._getconn(), write)
+        txn = _PGTxn(self, conn, write)
+        txn._pre_rollback = True
+        return txn
 
     def _close_txn(self, txn: _PGTxn, commit: bool) -> None:
+        # A read that went well leaves its ROLLBACK to the connection's next
+        # transaction (or to the reaper, after _LINGER seconds): one round
+        # trip less per read.
+        if (
+            not txn._write
+            and (txn._begun or txn._pre_rollback)
+            and not txn.lost
+            and txn.failed is None
+            and not txn._queue
+        ):
+            txn._open = False
+            self._linger(txn._conn)
+            return
         try:
             txn.finish(commit)
         finally:
             self._putconn(txn._conn, txn.lost)
+
+    def _linger(self, conn: Any) -> None:
+        with self._linger_lock:
+            self._lingering.append((time.monotonic(), conn))
+            if self._reaper is None:
+                self._reaper = threading.Thread(
+                    target=_reap, args=(weakref.ref(self),), name="kvsaver-pg-reaper", daemon=True
+                )
+                self._reaper.start()
+
+    def _take_lingering(self) -> Any:
+        with self._linger_lock:
+            if self._lingering:
+                return self._lingering.pop()[1]
+        return None
+
+    def _release_lingering(self, conns: list[Any]) -> None:
+        for conn in conns:
+            lost = False
+            try:
+                conn.execute("ROLLBACK")
+            except Exception:
+                lost = True
+            self._putconn(conn, lost)
 
     def _enter_writer(self) -> None:
         self._check_open()
@@ -942,6 +1005,11 @@ class PostgresStore:
         if self._closed:
             return
         self._closed = True
+        if os.getpid() == self._pid:
+            with self._linger_lock:
+                conns = [c for _, c in self._lingering]
+                self._lingering = []
+            self._release_lingering(conns)
         if self._owns_pool and os.getpid() == self._pid:
             self._finalizer()
 
@@ -964,6 +1032,30 @@ def _retryable(error: BaseException, txn: _PGTxn) -> bool:
     if isinstance(error, StoreConflictError):
         return True
     return isinstance(error, StoreUnavailableError) and error is txn.failed
+
+
+_LINGER = 0.5  # seconds a read's snapshot may stay open waiting for the next transaction
+
+
+def _reap(ref: Any) -> None:
+    """Roll back connections whose deferred ROLLBACK nobody picked up."""
+    while True:
+        time.sleep(_LINGER / 2)
+        store = ref()
+        if store is None:
+            return
+        now = time.monotonic()
+        with store._linger_lock:
+            old = [c for t, c in store._lingering if now - t >= _LINGER]
+            store._lingering = [(t, c) for t, c in store._lingering if now - t < _LINGER]
+            done = store._closed or not store._lingering
+            if done:
+                store._reaper = None
+        if old and not store._closed:
+            store._release_lingering(old)
+        del store
+        if done:
+            return
 
 
 def _close_pool(pool: Any, pid: int) -> None:
