@@ -606,7 +606,8 @@ class _WriteContext:
 
 class PostgresStore:
     """An ordered ``Store`` in one PostgreSQL table, shared by every process
-    and machine that opens it.
+    and machine that opens it. ``pipelines_reads``: a scan's first chunk is
+    queued until the next round trip (see ``kv.store``).
 
     Args:
         conninfo_or_pool: a connection string or URL (``postgresql://...``), or
@@ -622,6 +623,8 @@ class PostgresStore:
             or a lost connection before raising.
         pool_options: more ``psycopg_pool.ConnectionPool`` keyword arguments.
     """
+
+    pipelines_reads = True
 
     def __init__(
         self,

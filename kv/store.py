@@ -20,6 +20,10 @@ network (``PostgresStore``), where each call is a round trip and a scan
 fetches in chunks: a caller that knows it wants one key of a range, or many
 keys at once, says so. On the local stores they cost what the loop does.
 A read transaction's snapshot is taken no later than its first read.
+A store whose scans queue their first query until the next round trip (so a
+``scan`` called before a ``get_many`` shares its round trip) says so with a
+class attribute ``pipelines_reads = True`` (``PostgresStore``); callers may
+then order their reads that way. Local stores have nothing to gain.
 
 Errors form one family rooted at ``KVError``.
 """

@@ -261,8 +261,9 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         keyed = S.blob_keys(thread, ns, checkpoint["channel_versions"])
         # Issue #14: on a network store the blobs are one get_many, and the
         # writes scan, called first (and taken over by _load_writes' identical
-        # scan), travels in the same round trip. Locally: a generator, unused.
-        txn.scan(*S.writes_range(thread, ns, cid))
+        # scan), travels in the same round trip. Local stores skip it.
+        if getattr(self.store, "pipelines_reads", False):
+            txn.scan(*S.writes_range(thread, ns, cid))
         for (channel, _), raw in zip(keyed, txn.get_many([key for _, key in keyed])):
             if (typed := S.decode_blob(raw)) is not None:
                 values[channel] = loads(typed)
