@@ -426,9 +426,10 @@ def test_get_many_and_scan_with_a_limit(store: Any, keys: list[bytes]) -> None:
             del local[keys[0]]
         assert txn.get_many([b"a\x00", *keys]) == [local.get(k) for k in [b"a\x00", *keys]]
         for reverse in (False, True):
-            assert list(txn.scan(reverse=reverse, limit=2)) == expected_scan(
-                local, None, None, reverse
-            )[:2]
+            assert (
+                list(txn.scan(reverse=reverse, limit=2))
+                == expected_scan(local, None, None, reverse)[:2]
+            )
         raise Rollback
     assert dump(store) == expected_scan(model, None, None, False)
 
