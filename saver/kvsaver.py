@@ -31,9 +31,11 @@ from kvsaver.kv import (
     FormatVersionError,
     LMDBStore,
     MemoryStore,
+    PostgresStore,
     Store,
 )
 from kvsaver.kv.keys import unpack
+from kvsaver.kv.postgres import is_postgres_url
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -110,8 +112,10 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
 
     ``KVSaver("./state")`` opens (or creates) an LMDB store in that directory;
     ``KVSaver(":memory:")`` keeps everything in memory; ``KVSaver(path,
-    backend="file")`` uses a single-file ``FileStore``; any ``kv.Store`` can be
-    passed in directly.
+    backend="file")`` uses a single-file ``FileStore``;
+    ``KVSaver("postgresql://...")`` a table on a PostgreSQL server shared by
+    many machines (``kv.PostgresStore``; options: ``_POSTGRES_OPTIONS``); any
+    ``kv.Store`` can be passed in directly.
 
     Args:
         path_or_store: a directory, ``":memory:"``, or a ``kv.Store``.
@@ -134,7 +138,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             ``sweep_interval_minutes`` in bounded steps, or by ``sweep()``.
         clock: seconds since the epoch for thread activity (default
             ``time.time``); inject one to test TTLs without waiting.
-        **store_options: passed to ``LMDBStore`` (e.g. ``map_size``).
+        **store_options: passed to ``LMDBStore`` (e.g. ``map_size``); with a
+            PostgreSQL URL, the options of ``_POSTGRES_OPTIONS``.
     """
 
     store: Store
@@ -165,6 +170,10 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         self._owns_store = not isinstance(path_or_store, Store)
         if isinstance(path_or_store, Store):
             self.store = path_or_store
+        elif is_postgres_url(path_or_store):
+            self.store = _open_postgres(
+                str(path_or_store), readonly, durability, max_size, store_options
+            )
         elif path_or_store == ":memory:":
             self.store = MemoryStore(readonly=readonly)
         elif backend == "file":
@@ -193,7 +202,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         newer format; upgrade an older format (writable) or note it (read-only)."""
         with self.store.read() as txn:
             raw = txn.get(S.SCHEMA_KEY)
-            empty = raw is None and next(iter(txn.scan(None, None)), None) is None
+            empty = raw is None and next(iter(txn.scan(None, None, limit=1)), None) is None
         if raw is None:
             if not empty:
                 raise CorruptStoreError(
@@ -267,8 +276,14 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         thread, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
         checkpoint: Checkpoint = loads(rec.checkpoint)
         values: dict[str, Any] = {}
-        for channel, key in S.blob_keys(thread, ns, checkpoint["channel_versions"]):
-            if (typed := S.decode_blob(txn.get(key))) is not None:
+        keyed = S.blob_keys(thread, ns, checkpoint["channel_versions"])
+        # Issue #14: on a network store the blobs are one get_many, and the
+        # writes scan, called first (and taken over by _load_writes' identical
+        # scan), travels in the same round trip. Local stores skip it.
+        if getattr(self.store, "pipelines_reads", False):
+            txn.scan(*S.writes_range(thread, ns, cid))
+        for (channel, _), raw in zip(keyed, txn.get_many([key for _, key in keyed])):
+            if (typed := S.decode_blob(raw)) is not None:
                 values[channel] = loads(typed)
         checkpoint["channel_values"] = values
         writes: list[PendingWrite] = [
@@ -468,8 +483,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         ckey = S.checkpoint_key(thread, ns, checkpoint_id)
         now = R.now_ms(self.clock)
 
+        akey = S.activity_key(thread)
+
         def write(txn: Any) -> None:
-            old = txn.get(ckey)
+            # Both reads of this function (touch() reads akey) in one get_many:
+            # one round trip on a network store (issue #14).
+            old = txn.get_many([ckey, akey])[0]
             if old is not None:  # replaced: drop the old record's index entries
                 for key in S.index_keys(S.decode_checkpoint(old)):
                     txn.delete(key)
@@ -520,10 +539,16 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         replace = all(channel in WRITES_IDX_MAP for channel, _ in writes)
         now = R.now_ms(self.clock)
 
+        akey = S.activity_key(thread)
+
         def write(txn: Any) -> None:
+            # The reads in one get_many (one round trip on a network store).
+            present = txn.get_many([key for key, _ in entries] + [akey])
+            stored = {key for (key, _), old in zip(entries, present) if old is not None}
             for key, value in entries:
-                if replace or txn.get(key) is None:
+                if replace or key not in stored:
                     txn.put(key, value)
+                    stored.add(key)  # a repeated key in one batch: the first wins
             TH.touch(txn, thread, now)
 
         self.store.transact(write)
@@ -756,6 +781,39 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         self, *, config: RunnableConfig, channels: Sequence[str]
     ) -> Mapping[str, DeltaChannelHistory]:
         return await self._run(self.get_delta_channel_history, config=config, channels=channels)
+
+
+# -- PostgreSQL (issue #14): KVSaver("postgresql://...", **options) ----------------
+# The keyword options a PostgreSQL URL accepts, and the kv.PostgresStore
+# argument each becomes (pool_*: the psycopg_pool.ConnectionPool's; LMDB's
+# max_size, a byte cap, means nothing there).
+_POSTGRES_OPTIONS = {
+    "table": "table",
+    "pool_min_size": "min_size",
+    "pool_max_size": "max_size",
+    "pool_timeout": "pool_timeout",
+    "pool_options": "pool_options",
+    "connect_timeout": "connect_timeout",
+    "statement_timeout": "statement_timeout",
+    "retries": "retries",
+}
+
+
+def _open_postgres(
+    url: str, readonly: bool, durability: str, max_size: int | None, options: dict[str, Any]
+) -> Store:
+    unknown = sorted(set(options) - set(_POSTGRES_OPTIONS))
+    if unknown or max_size is not None or durability != "full":
+        bad = unknown + (["max_size"] if max_size is not None else [])
+        bad += ["durability"] if durability != "full" else []
+        raise TypeError(
+            f"KVSaver(postgresql://...): unknown option(s) {', '.join(bad)}; a PostgreSQL "
+            f"store takes {', '.join(sorted(_POSTGRES_OPTIONS))} (the pool size is "
+            "pool_max_size; durability is the server's)"
+        )
+    return PostgresStore(
+        url, readonly=readonly, **{_POSTGRES_OPTIONS[k]: v for k, v in options.items()}
+    )
 
 
 # -- list helpers ---------------------------------------------------------------

@@ -33,7 +33,9 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from kvsaver import KVSaver
+from kvsaver.kv import PostgresStore
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT, RESUME, SCHEDULED
+from pg_helpers import drop_tables, shared_pool, shared_server, unique_table
 from saver_helpers import (
     assert_indexes_consistent,
     config,
@@ -436,3 +438,29 @@ class SaverComparison(RuleBasedStateMachine):
 
 SaverComparison.TestCase.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
 test_kvsaver_matches_sqlitesaver = SaverComparison.TestCase
+
+
+class SaverComparisonPostgres(SaverComparison):
+    """The same machine against KVSaver on PostgreSQL (a fresh table per
+    example, one pool for the whole run). Fewer examples: every step costs
+    round trips to a server, and the store layer under it is checked
+    against a model by tests/test_stores.py."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        for saver in self.savers.values():
+            saver.close()
+        self.savers = {
+            "postgres": KVSaver(PostgresStore(shared_pool(), table=unique_table("diff"))),
+        }
+
+    def teardown(self) -> None:
+        table = self.savers["postgres"].store.table
+        super().teardown()
+        drop_tables(shared_server().url, [table])
+
+
+SaverComparisonPostgres.TestCase.settings = settings(
+    max_examples=20, stateful_step_count=40, deadline=None
+)
+test_kvsaver_on_postgres_matches_sqlitesaver = SaverComparisonPostgres.TestCase
