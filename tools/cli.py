@@ -205,7 +205,14 @@ def _version() -> str:
         return "unknown"
 
 
-@click.group(cls=Group, name="kvsaver", help=(__doc__ or "").split("\n\n")[0])
+HELP = """Look inside a LangGraph checkpoint store (read-only), and look after its size.
+
+STORE is a KVSaver LMDB directory, a FileStore file, a SqliteSaver .sqlite
+file or a postgresql:// URL. Every command takes --json. Exit status 0, or 2
+with one line on stderr (bad argument, missing thread, unreadable store)."""
+
+
+@click.group(cls=Group, name="kvsaver", help=HELP)
 @click.version_option(_version(), prog_name="kvsaver")
 def cli() -> None:
     pass
@@ -231,7 +238,7 @@ def _thread_json(info: ThreadInfo) -> dict[str, Any]:
     }
 
 
-@cli.command("threads")
+@cli.command("threads", short_help="Every thread, most recently active first.")
 @_store
 @click.option("--limit", type=click.IntRange(min=0), metavar="N", help="show the first N")
 @click.option("--match", metavar="SUBSTRING", help="only threads whose id contains it")
@@ -287,7 +294,7 @@ def _entry_json(e: Entry) -> dict[str, Any]:
     }
 
 
-@cli.command("history")
+@cli.command("history", short_help="A thread's checkpoints, newest first.")
 @_store
 @_thread
 @_ns
@@ -352,7 +359,7 @@ def _show_value(out: Out, name: str, value: Any, pad: int) -> None:
         out.line(f"  {name.ljust(pad)}  {_text(value)}")
 
 
-@cli.command("show")
+@cli.command("show", short_help="One checkpoint, decoded.")
 @_store
 @_thread
 @click.argument("checkpoint_id", required=False)
@@ -447,7 +454,7 @@ def _message_diff(a: Any, b: Any) -> tuple[list[Any], list[Any]]:
     return added, removed
 
 
-@cli.command("diff")
+@cli.command("diff", short_help="What changed between two checkpoints.")
 @_store
 @_thread
 @click.argument("a", metavar="A")

@@ -42,6 +42,7 @@ from kvsaver import stats as ST
 from kvsaver import threads as TH
 from kvsaver.kv import KVError
 from kvsaver.kv.file import MAGIC as FILESTORE_MAGIC
+from kvsaver.kv.keys import unpack
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 from langgraph.checkpoint.serde import jsonplus as JP
 from langgraph.checkpoint.serde._msgpack import SAFE_MSGPACK_METHODS, SAFE_MSGPACK_TYPES
@@ -153,11 +154,9 @@ def _changed(versions: dict[str, Any], parent: dict[str, Any] | None) -> list[st
 
 
 class Source:
-    """A read-only checkpoint saver and the few questions ``kvsaver`` asks it.
-    ``get``/``find`` use only the ``BaseCheckpointSaver`` API; ``threads``
-    and ``history`` are overridden where the store allows a cheaper way."""
-
-    kind = "saver"
+    """A read-only checkpoint saver and the few questions ``kvsaver`` asks it,
+    answered with the ``BaseCheckpointSaver`` API; ``KVSource`` overrides the
+    listings with cheaper reads of its own keys."""
 
     def __init__(self, saver: BaseCheckpointSaver[Any], label: str) -> None:
         self.saver = saver
@@ -186,6 +185,15 @@ class Source:
             if ns is not None:
                 conf["checkpoint_ns"] = ns
             found = next(iter(self.saver.list({"configurable": conf}, limit=1)), None)
+            if found is None:  # a unique prefix of an id will do
+                matches = sorted(set(self.ids_starting(thread, ns, checkpoint_id)))
+                if len(matches) > 1:
+                    raise Fail(
+                        f"{checkpoint_id!r} is the start of {len(matches)} checkpoint ids in "
+                        f"thread {thread!r}; give more of it"
+                    )
+                if matches:
+                    return self.get(thread, ns, matches[0])
         if found is None:
             self.missing(thread, ns, checkpoint_id)
         assert found is not None
@@ -202,6 +210,15 @@ class Source:
     def has_thread(self, thread: str) -> bool:
         conf = {"configurable": {"thread_id": thread}}
         return next(iter(self.saver.list(conf, limit=1)), None) is not None
+
+    def ids_starting(self, thread: str, ns: str | None, prefix: str) -> Iterator[str]:
+        """Checkpoint ids of the thread (in ``ns``, or any) that start with ``prefix``."""
+        conf: dict[str, Any] = {"thread_id": thread}
+        if ns is not None:
+            conf["checkpoint_ns"] = ns
+        for t in self.saver.list({"configurable": conf}):
+            if t.config["configurable"]["checkpoint_id"].startswith(prefix):
+                yield t.config["configurable"]["checkpoint_id"]
 
     # -- generic (public API) versions of the listings ------------------------------
 
@@ -269,7 +286,6 @@ class KVSource(Source):
     """A KVSaver store: listings from the key layout (``saver/schema.py``),
     decoding only the checkpoint records shown, never channel values."""
 
-    kind = "kvsaver"
     saver: KVSaver
 
     def __init__(self, saver: KVSaver, label: str) -> None:
@@ -282,6 +298,15 @@ class KVSource(Source):
     def has_thread(self, thread: str) -> bool:
         with self.saver.store.read() as txn:
             return next(iter(txn.scan(*S.checkpoints_range(thread))), None) is not None
+
+    def ids_starting(self, thread: str, ns: str | None, prefix: str) -> Iterator[str]:
+        """From the keys alone (an id too long for a key is never a match)."""
+        with self.saver.store.read() as txn:
+            ids = [
+                unpack(key)[3]
+                for key, _ in txn.scan(*S.checkpoints_range(thread, ns))  # no values decoded
+            ]
+        return (cid for cid in ids if isinstance(cid, str) and cid.startswith(prefix))
 
     def threads(self) -> list[ThreadInfo]:
         """Counts and bytes from ``stats.collect`` (one pass over the keys,
@@ -383,8 +408,6 @@ class KVSource(Source):
 
 class SqliteSource(Source):
     """A SqliteSaver database, read through SqliteSaver's public API."""
-
-    kind = "sqlite"
 
     def close(self) -> None:
         self.saver.conn.close()  # type: ignore[attr-defined]
