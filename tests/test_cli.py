@@ -297,6 +297,7 @@ def test_show_json_is_get_tuple(ref: Any) -> None:
     old = list(saver.list(cfg("chat"), limit=4))[-1]
     doc = run_json("show", path, "chat", old.checkpoint["id"])
     assert doc["checkpoint_id"] == old.checkpoint["id"]
+    assert run_json("show", path, "chat", old.checkpoint["id"][:-4]) == doc  # a unique prefix
     assert len(doc["channel_values"]["messages"]) == len(
         old.checkpoint["channel_values"]["messages"]
     )
@@ -568,6 +569,7 @@ def test_errors(stores: dict[str, str], tmp_path: Any) -> None:
     latest = run_json("show", path, "chat")["checkpoint_id"]
     assert "no checkpoint 'nope'" in fail("diff", path, "chat", latest, "nope")
     assert "no channel 'ghost'" in fail("show", path, "chat", "--channel", "ghost")
+    assert "is the start of 9 checkpoint ids" in fail("show", path, "chat", latest[:4])
     assert "namespace 'x'" in fail("history", path, "chat", "--ns", "x")
     # Bad stores.
     (tmp_path / "notes.txt").write_text("hello")
@@ -655,3 +657,20 @@ def test_kvsaver_stores_are_opened_read_only(stores: dict[str, str]) -> None:
             assert src.saver.store.readonly
             with pytest.raises(ReadOnlyError):
                 src.saver.delete_thread("chat")
+
+
+def test_encrypted_store(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+
+    path = str(tmp_path / "secret-state")
+    monkeypatch.setenv("LANGGRAPH_AES_KEY", "0123456789abcdef0123456789abcdef")
+    with KVSaver(path, serde=EncryptedSerializer.from_pycryptodome_aes()) as saver:
+        chat_graph(saver).invoke(human(0), cfg("t"))
+    doc = run_json("show", path, "t", "--encrypted")
+    assert [m["content"] for m in doc["channel_values"]["messages"]] == ["turn 0", "echo 1: turn 0"]
+    assert run_json("threads", path, "--encrypted")[0]["thread_id"] == "t"
+    assert "add --encrypted" in fail("show", path, "t")
+    monkeypatch.setenv("LANGGRAPH_AES_KEY", "1123456789abcdef0123456789abcdef")
+    assert "cannot decode" in fail("history", path, "t", "--encrypted")
+    monkeypatch.delenv("LANGGRAPH_AES_KEY")
+    assert "LANGGRAPH_AES_KEY" in fail("show", path, "t", "--encrypted")

@@ -31,15 +31,19 @@ import dataclasses
 import json
 import math
 import shutil
+import sqlite3
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import date, datetime, timezone
 from datetime import time as dtime
 from typing import Any
 
 import click
+from kvsaver.kv import KVError
 from langchain_core.messages import BaseMessage
 from langgraph.checkpoint.base import CheckpointTuple
+from ormsgpack import MsgpackDecodeError
 
 from .cliutil import Fail, Group
 from .migrate_from_sqlite import migrate_command
@@ -196,6 +200,23 @@ def _open(store: str, encrypted: bool) -> Source:
     return open_source(store, serde=serde)
 
 
+@contextmanager
+def _reading(store: str, encrypted: bool) -> Iterator[Source]:
+    """The store open for reading; a value that cannot be decoded (encrypted,
+    damaged, a serializer this LangGraph lacks) is a one-line error."""
+    with _open(store, encrypted) as src:
+        try:
+            yield src
+        except (NotImplementedError, ValueError, KVError, sqlite3.Error, MsgpackDecodeError) as e:
+            message = " ".join(str(e).split()) or type(e).__name__
+            hint = ""
+            if "+aes" in message and not encrypted:
+                hint = (
+                    " (written with EncryptedSerializer: add --encrypted, key in LANGGRAPH_AES_KEY)"
+                )
+            raise Fail(f"cannot decode what {store} holds: {message}{hint}") from None
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -250,7 +271,7 @@ def threads_command(
 ) -> None:
     """Every thread, most recently active first: checkpoints, namespaces,
     latest checkpoint and time, bytes."""
-    with _open(store, encrypted) as src:
+    with _reading(store, encrypted) as src:
         infos = src.threads()
     if match is not None:
         infos = [i for i in infos if match in i.thread_id]
@@ -314,7 +335,7 @@ def history_command(
     """A thread's checkpoints, newest first: id, step, source, parent,
     pending writes, and the channels each one changed. Every namespace
     unless --ns is given."""
-    with _open(store, encrypted) as src:
+    with _reading(store, encrypted) as src:
         entries = src.history(thread, ns, limit)
         if not entries:
             src.missing(thread, ns, None)
@@ -380,7 +401,7 @@ def show_command(
 ) -> None:
     """A checkpoint (default: the thread's latest) decoded: channel values,
     metadata, pending writes."""
-    with _open(store, encrypted) as src:
+    with _reading(store, encrypted) as src:
         t = src.get(thread, ns, checkpoint_id)
     values = dict(t.checkpoint.get("channel_values") or {})
     writes = list(t.pending_writes or ())
@@ -475,7 +496,7 @@ def diff_command(
 ) -> None:
     """Channels added, removed and changed from checkpoint A to checkpoint B;
     for message lists, the messages added and removed."""
-    with _open(store, encrypted) as src:
+    with _reading(store, encrypted) as src:
         ta, tb = src.get(thread, ns, a), src.get(thread, ns, b)
     va = dict(ta.checkpoint.get("channel_values") or {})
     vb = dict(tb.checkpoint.get("channel_values") or {})
