@@ -511,7 +511,10 @@ def test_reads_beside_a_running_writer_process(tmp_path: Any) -> None:
             steps = [h["step"] for h in history]
             assert steps == sorted(steps, reverse=True) and steps[-1] == -1
             shown = run_json("show", path, "live")
-            assert len(shown["channel_values"]["messages"]) == 2 * shown["channel_values"]["turns"]
+            values = shown["channel_values"]
+            # A whole step: the human message alone (an input checkpoint) or
+            # with the bot's answer, never half of a checkpoint.
+            assert len(values["messages"]) - 2 * values.get("turns", 0) in (0, 1)
             threads = run_json("threads", path)
             assert threads[0]["thread_id"] == "live"
             first_seen = first_seen or threads[0]["checkpoints"]
