@@ -13,13 +13,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvsaver.kv import Store, SupportsDiskUsage
-from kvsaver.kv.keys import unpack
+from kvsaver.kv.keys import pack, unpack
 
 from . import schema as S
 
 __all__ = ["StoreStats", "ThreadStats"]
 
 _CHUNK = 2048
+# Keyspaces whose keys name a thread; the index keyspaces (id, meta, run,
+# idle) only add to live bytes, so their keys are not unpacked (most keys of
+# a store are index keys: `kvsaver threads` runs this pass, issue #16).
+_PER_THREAD = tuple(pack((kind,)) for kind in (S.CHECKPOINT, S.WRITE, S.BLOB, S.ACTIVITY))
 
 
 @dataclass(frozen=True)
@@ -101,6 +105,8 @@ def collect(store: Store) -> StoreStats:
     for key, value in _scan_all(store):
         size = len(key) + len(value)
         live += size
+        if not key.startswith(_PER_THREAD):
+            continue
         elements = unpack(key)
         kind = elements[0]
         if kind in slot:
