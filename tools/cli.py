@@ -148,7 +148,9 @@ class Out:
             text = text[: self.width - 1] + "…"
         click.echo(text)
 
-    def table(self, headers: Sequence[str], rows: Sequence[Sequence[Any]], right: str = "") -> None:
+    def table(
+        self, headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Sequence[str] = ()
+    ) -> None:
         """Aligned columns; those whose header is in ``right`` are right-aligned."""
         cells = [[("" if c is None else str(c)) for c in row] for row in rows]
         widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
@@ -295,7 +297,7 @@ def threads_command(
             ]
         )
     headers = ["thread", "checkpoints", "namespaces", "last checkpoint", "last activity", "bytes"]
-    out.table(headers, rows, right="checkpoints namespaces bytes")
+    out.table(headers, rows, right=("checkpoints", "namespaces", "bytes"))
     out.line(f"{len(infos):,} thread{'' if len(infos) == 1 else 's'}")
 
 
@@ -352,7 +354,7 @@ def history_command(
         row += [e.metadata.get("step"), e.metadata.get("source"), e.pending_writes]
         row += [e.parent_checkpoint_id or "-", ", ".join(e.changed)]
         rows.append(row)
-    out.table(headers, rows, right="step writes")
+    out.table(headers, rows, right=("step", "writes"))
 
 
 # -- show --------------------------------------------------------------------------
