@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvsaver.kv import Store, SupportsDiskUsage
-from kvsaver.kv.keys import unpack
+from kvsaver.kv.keys import pack, unpack
 
 from . import schema as S
 from .upgrade import LEGACY_WRITE_KEY_LEN
@@ -21,6 +21,10 @@ from .upgrade import LEGACY_WRITE_KEY_LEN
 __all__ = ["StoreStats", "ThreadStats"]
 
 _CHUNK = 2048
+# Keyspaces whose keys name a thread; the index keyspaces (id, meta, run,
+# idle) only add to live bytes, so their keys are not unpacked (most keys of
+# a store are index keys: `kvsaver threads` runs this pass, issue #16).
+_PER_THREAD = tuple(pack((kind,)) for kind in (S.CHECKPOINT, S.WRITE, S.BLOB, S.ACTIVITY))
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,8 @@ def collect(store: Store) -> StoreStats:
     for key, value in _scan_all(store):
         size = len(key) + len(value)
         live += size
+        if not key.startswith(_PER_THREAD):
+            continue
         elements = unpack(key)
         kind = elements[0]
         if kind in slot:

@@ -1,1 +1,2 @@
-"""Command-line programs built on saver/ and kv/ (not shipped in the wheel)."""
+"""Command-line programs built on saver/ and kv/, installed as ``kvsaver.tools``
+(the ``kvsaver`` command is ``cli.py``)."""

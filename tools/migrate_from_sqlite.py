@@ -20,14 +20,18 @@ and the summary.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
+import json
 import os
 import sys
 import time
 from typing import TextIO
 
+import click
 from kvsaver.kv.postgres import is_postgres_url
 from kvsaver.migrate import MigrationError, MigrationStats, VerificationError, migrate_from_sqlite
+
+from .cliutil import Command, Fail
 
 
 class Progress:
@@ -147,76 +151,91 @@ def summary(stats: MigrationStats, dest_before: int, dest_after: int) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tools.migrate_from_sqlite",
-        description="Copy a LangGraph SqliteSaver database into a KVSaver directory.",
-    )
-    parser.add_argument("source", help="the SqliteSaver database file (opened read-only)")
-    parser.add_argument(
-        "dest", help="the KVSaver directory (created if missing), or a postgresql:// URL"
-    )
-    parser.add_argument(
-        "--verify",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="compare list()/get_tuple() of source and destination afterwards (default: on)",
-    )
-    parser.add_argument(
-        "--merge",
-        action="store_true",
-        help="allow a destination that already holds checkpoints not from this source",
-    )
-    parser.add_argument(
-        "--dry-run", action="store_true", help="report what would be copied; write nothing"
-    )
-    parser.add_argument(
-        "--batch-size",
-        type=int,
-        default=256,
-        metavar="N",
-        help="checkpoints per write transaction (default: 256)",
-    )
-    parser.add_argument(
-        "--durability",
-        choices=["full", "meta", "none"],
-        default="full",
-        help="the destination's LMDB durability (default: full)",
-    )
-    parser.add_argument("--quiet", action="store_true", help="no progress output")
-    args = parser.parse_args(argv)
-    if args.batch_size < 1:
-        parser.error("--batch-size must be at least 1")
+@click.command("migrate", cls=Command)
+@click.argument("source", metavar="SOURCE.sqlite")
+@click.argument("dest", metavar="DEST")
+@click.option(
+    "--verify/--no-verify",
+    default=True,
+    help="compare list()/get_tuple() of source and destination afterwards (default: on)",
+)
+@click.option(
+    "--merge",
+    is_flag=True,
+    help="allow a destination that already holds checkpoints not from this source",
+)
+@click.option("--dry-run", is_flag=True, help="report what would be copied; write nothing")
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=256,
+    metavar="N",
+    help="checkpoints per write transaction (default: 256)",
+)
+@click.option(
+    "--durability",
+    type=click.Choice(["full", "meta", "none"]),
+    default="full",
+    help="the destination's LMDB durability (default: full)",
+)
+@click.option("--quiet", is_flag=True, help="no progress output")
+@click.option("--json", "as_json", is_flag=True, help="the summary as one JSON document")
+def migrate_command(
+    source: str,
+    dest: str,
+    verify: bool,
+    merge: bool,
+    dry_run: bool,
+    batch_size: int,
+    durability: str,
+    quiet: bool,
+    as_json: bool,
+) -> int:
+    """Copy a LangGraph SqliteSaver database into a KVSaver store (DEST: a
+    directory, created if missing, or a postgresql:// URL).
 
-    progress = None if args.quiet else Progress(sys.stderr)
-    dest_before = dir_bytes(args.dest)
+    Exit status 1 when verification finds a difference, 2 when refused."""
+    progress = None if quiet else Progress(sys.stderr)
+    dest_before = dir_bytes(dest)
+
+    def show(stats: MigrationStats) -> None:
+        if as_json:
+            fields = dataclasses.asdict(stats)
+            fields["namespace_list"] = [list(pair) for pair in stats.namespace_list]
+            print(json.dumps(fields, indent=2))
+        else:
+            print(summary(stats, dest_before, dir_bytes(dest)))
+
     try:
         stats = migrate_from_sqlite(
-            args.source,
-            args.dest,
-            merge=args.merge,
-            dry_run=args.dry_run,
-            verify=args.verify,
-            batch_size=args.batch_size,
+            source,
+            dest,
+            merge=merge,
+            dry_run=dry_run,
+            verify=verify,
+            batch_size=batch_size,
             progress=progress,
-            dest_options={"durability": args.durability},
+            dest_options={"durability": durability},
         )
     except VerificationError as e:
         if progress is not None:
             progress.finish()
         if e.stats is not None:
-            print(summary(e.stats, dest_before, dir_bytes(args.dest)))
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+            show(e.stats)
+        raise Fail(str(e), code=1) from None
     except MigrationError as e:
         if progress is not None:
             progress.finish()
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        raise Fail(str(e)) from None
     if progress is not None:
         progress.finish()
-    print(summary(stats, dest_before, dir_bytes(args.dest)))
+    show(stats)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    prog = "python -m tools.migrate_from_sqlite"
+    return migrate_command.main(argv, prog_name=prog, standalone_mode=False)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,10 @@
     python -m tools.storage stats   DIR [--top N] [--json]
     python -m tools.storage sweep   DIR [--keep-last N] [--ttl-minutes M]
                                         [--strategy delete|keep_latest] [--incremental]
-                                        [--encrypted]
-    python -m tools.storage compact DIR [--full]
+                                        [--encrypted] [--json]
+    python -m tools.storage compact DIR [--full] [--json]
+
+The same commands are ``kvsaver stats|sweep|compact`` (``tools/cli.py``).
 
 ``stats`` opens the store read-only (beside running writers) and prints bytes
 on disk and live, and the largest threads. ``sweep`` applies a retention
@@ -40,10 +42,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import click
 from kvsaver import KVSaver, Retention
 from kvsaver.kv import KVError, PostgresStore
 from kvsaver.kv.lmdb_store import compact_lmdb
 from kvsaver.kv.postgres import is_postgres_url
+
+from .cliutil import Command, Fail, Group
 
 
 @contextmanager
@@ -119,6 +124,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         with progress_bar("sweep", "thread", not args.quiet) as progress:
             report = saver.sweep(retention, full=not args.incremental, progress=progress)
         after = saver.stats()
+    if args.json:
+        done = {**dataclasses.asdict(report), "live_bytes": after.live_bytes}
+        print(json.dumps({**done, "disk_bytes": after.disk_bytes}, indent=2))
+        return 0
     print(
         f"checked {report.threads_checked:,} threads: deleted {report.threads_deleted:,}, "
         f"pruned {report.threads_pruned:,}, {report.checkpoints_deleted:,} checkpoints removed"
@@ -138,63 +147,103 @@ def cmd_compact(args: argparse.Namespace) -> int:
             store.vacuum(full=args.full)
             after = store.disk_usage()
         what = "VACUUM FULL" if args.full else "VACUUM"
+        if args.json:
+            print(json.dumps({"before": before, "after": after, "compacted": what}, indent=2))
+            return 0
         print(f"{what} {store.table}: {before:,} -> {after:,} bytes")
         if not args.full:
             print("freed space is reused by new rows; to return it to the OS (locks the table "
                   f"while it runs): python -m tools.storage compact --full {args.dir}")  # fmt: skip
         return 0
     if os.path.isfile(args.dir):
+        if args.json:
+            size = os.path.getsize(args.dir)
+            print(json.dumps({"before": size, "after": size, "compacted": False}, indent=2))
+            return 0
         print(f"{args.dir} is a FileStore file: it is rewritten at every commit, nothing to do")
         return 0
     with progress_bar("compact", "record", not args.quiet) as progress:
         result = compact_lmdb(args.dir, progress=progress)
     saved = result.before - result.after
+    if args.json:
+        print(json.dumps({**dataclasses.asdict(result), "compacted": True}, indent=2))
+        return 0
     print(
         f"compacted {args.dir}: {result.before:,} -> {result.after:,} bytes ({saved:,} bytes freed)"
     )
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m tools.storage", description=(__doc__ or "").split("\n\n")[0]
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    def add(name: str, help: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help)
-        p.add_argument("dir", help="the store: a KVSaver directory (or a FileStore file)")
-        p.add_argument("--quiet", action="store_true", help="no progress bar")
-        return p
-
-    p = add("stats", "bytes on disk and live, and the largest threads")
-    p.add_argument("--top", type=int, default=20, help="threads to list (default 20)")
-    p.add_argument("--json", action="store_true", help="everything, as JSON")
-    p.add_argument("--backend", choices=["lmdb", "file"], default="lmdb")
-    p.set_defaults(fn=cmd_stats)
-
-    p = add("sweep", "apply a retention policy now")
-    p.add_argument("--keep-last", type=int, help="checkpoints to keep per thread and namespace")
-    p.add_argument("--ttl-minutes", type=float, help="threads idle for longer are swept")
-    p.add_argument("--strategy", choices=["delete", "keep_latest"], default="delete")
-    p.add_argument(
-        "--incremental",
-        action="store_true",
-        help="only threads idle past the TTL or written since the last sweep",
-    )
-    p.add_argument("--encrypted", action="store_true", help="key from LANGGRAPH_AES_KEY")
-    p.add_argument("--backend", choices=["lmdb", "file"], default="lmdb")
-    p.set_defaults(fn=cmd_sweep)
-
-    p = add("compact", "rewrite an LMDB store without free space (offline); VACUUM on PostgreSQL")
-    p.add_argument("--full", action="store_true", help="PostgreSQL: VACUUM FULL (locks the table)")
-    p.set_defaults(fn=cmd_compact)
-
-    args = parser.parse_args(argv)
+def _call(fn: Callable[[argparse.Namespace], int], params: dict[str, Any]) -> int:
+    """Run a ``cmd_*`` handler on click's parameters; errors -> exit status 2."""
     try:
-        return int(args.fn(args))
+        code = int(fn(argparse.Namespace(**params)))
     except (KVError, ValueError, OSError) as e:
-        return _fail(str(e))
+        raise Fail(str(e)) from None
+    if code:
+        raise click.exceptions.Exit(code)
+    return 0
+
+
+# The commands, shared by ``python -m tools.storage`` and ``kvsaver``.
+_store = click.argument("dir", metavar="STORE")
+_quiet = click.option("--quiet", is_flag=True, help="no progress bar")
+_json = click.option("--json", "json", is_flag=True, help="one JSON document")
+_backend = click.option(
+    "--backend", type=click.Choice(["lmdb", "file"]), default="lmdb", show_default=True
+)
+
+
+@click.command("stats", cls=Command)
+@_store
+@click.option("--top", type=int, default=20, show_default=True, help="threads to list")
+@_json
+@_backend
+@_quiet
+def stats_command(**params: Any) -> int:
+    """Bytes on disk and live, and the largest threads."""
+    return _call(cmd_stats, params)
+
+
+@click.command("sweep", cls=Command)
+@_store
+@click.option("--keep-last", type=int, help="checkpoints to keep per thread and namespace")
+@click.option("--ttl-minutes", type=float, help="threads idle for longer are swept")
+@click.option(
+    "--strategy", type=click.Choice(["delete", "keep_latest"]), default="delete", show_default=True
+)
+@click.option(
+    "--incremental",
+    is_flag=True,
+    help="only threads idle past the TTL or written since the last sweep",
+)
+@click.option("--encrypted", is_flag=True, help="key from LANGGRAPH_AES_KEY")
+@_json
+@_backend
+@_quiet
+def sweep_command(**params: Any) -> int:
+    """Apply a retention policy now."""
+    return _call(cmd_sweep, params)
+
+
+@click.command("compact", cls=Command)
+@_store
+@click.option("--full", is_flag=True, help="PostgreSQL: VACUUM FULL (locks the table)")
+@_json
+@_quiet
+def compact_command(**params: Any) -> int:
+    """Rewrite an LMDB store without free space (offline); VACUUM on PostgreSQL."""
+    return _call(cmd_compact, params)
+
+
+COMMANDS = [stats_command, sweep_command, compact_command]
+
+
+def main(argv: list[str] | None = None) -> int:
+    group = Group("python -m tools.storage", help=(__doc__ or "").split("\n\n")[0])
+    for command in COMMANDS:
+        group.add_command(command)
+    return group.main(argv, prog_name="python -m tools.storage", standalone_mode=False)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,96 @@
+"""What every command line of ``tools/`` shares: click command classes whose
+``main`` returns an exit status, one-line error messages, and ``Fail``.
+
+Exit status, for every program: 0 done; 2 a bad argument or a refusal, with
+one line on stderr saying why (``error: ...``); other codes only where a
+command documents them (``migrate``: 1 when verification finds a difference).
+
+The programs run click with ``standalone_mode=False`` underneath, so the
+status comes back as ``main``'s return value (``python -m tools.storage``,
+the console script and ``python -m kvsaver`` all ``sys.exit`` it) and a usage
+error is one line rather than click's usage block.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import click
+
+__all__ = ["Command", "Fail", "Group"]
+
+
+class Fail(click.ClickException):
+    """A refusal or failure: ``error: <message>`` on stderr, exit status 2
+    (or ``code``)."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = code
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
+
+
+def _run(main: Any, args: Any, prog_name: Any, standalone_mode: bool, extra: Any) -> int:
+    code: int
+    try:
+        rv = main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
+        code = rv if isinstance(rv, int) else 0
+    except Fail as e:
+        e.show()
+        code = e.exit_code
+    except click.UsageError as e:
+        hint = f" (see '{e.ctx.command_path} --help')" if e.ctx is not None else ""
+        click.echo(f"error: {_one_line(e.format_message())}{hint}", err=True)
+        code = 2
+    except click.ClickException as e:
+        click.echo(f"error: {_one_line(e.format_message())}", err=True)
+        code = 2
+    except click.Abort:
+        click.echo("aborted", err=True)
+        code = 1
+    except BrokenPipeError:
+        # `kvsaver history ... | head`: the reader left; say nothing more.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        code = 0
+    if standalone_mode:
+        sys.exit(code)
+    return code
+
+
+class Group(click.Group):
+    """A click group whose ``main`` handles errors as described above."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Any = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> int:
+        return _run(super().main, args, prog_name, standalone_mode, extra)
+
+
+class Command(click.Command):
+    """A click command whose ``main`` handles errors as described above."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Any = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> int:
+        return _run(super().main, args, prog_name, standalone_mode, extra)
