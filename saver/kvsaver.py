@@ -50,6 +50,7 @@ from langgraph.checkpoint.base import (
 )
 
 from . import compression as C
+from . import delta as D
 from . import retention as R
 from . import schema as S
 from . import stats as ST
@@ -215,7 +216,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             if self.store.readonly:
                 # Read as it is (saver/upgrade.py); another process may
                 # upgrade it meanwhile, which reads the same.
-                self._legacy_writes = True
+                self._legacy_writes = version < 2  # format 1 write keys
                 return
             with self.store.write() as txn:  # one transaction: all of it or none
                 raw = txn.get(S.SCHEMA_KEY)
@@ -264,11 +265,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         """A stored checkpoint record -> CheckpointTuple (blobs and writes
         read in the same transaction). Used by get_tuple and list alike."""
         loads = self.serde.loads_typed
+        blob = D.codec(self.serde).typed  # whole or delta (issue #15)
         thread, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
         checkpoint: Checkpoint = loads(rec.checkpoint)
         values: dict[str, Any] = {}
         for channel, key in S.blob_keys(thread, ns, checkpoint["channel_versions"]):
-            if (typed := S.decode_blob(txn.get(key))) is not None:
+            if (typed := blob(txn, key, txn.get(key))) is not None:
                 values[channel] = loads(typed)
         checkpoint["channel_values"] = values
         writes: list[PendingWrite] = [
@@ -450,15 +452,15 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         cp = dict(checkpoint)
         values: dict[str, Any] = cp.pop("channel_values", None) or {}
         checkpoint_id = str(cp["id"])
-        blobs = [
-            (key, S.encode_blob(dumps(values[ch]) if ch in values else None))
-            for ch, key in S.blob_keys(thread, ns, new_versions)
-        ]
+        # Lists as plain msgpack: stored as deltas where they extend (issue #15).
+        codec = D.codec(self.serde)
+        blobs = codec.prepare(thread, ns, new_versions, values, dumps)
+        parent_id = conf.get("checkpoint_id")
         rec = S.make_checkpoint_record(
             thread,
             ns,
             checkpoint_id,
-            conf.get("checkpoint_id"),
+            parent_id,
             dumps(cp),
             get_checkpoint_metadata(config, metadata),
             dumps,
@@ -473,8 +475,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             if old is not None:  # replaced: drop the old record's index entries
                 for key in S.index_keys(S.decode_checkpoint(old)):
                     txn.delete(key)
-            for key, value in blobs:
-                txn.put(key, value)
+            codec.write(txn, thread, ns, parent_id, blobs)
             txn.put(ckey, record)
             for key in index:
                 txn.put(key, b"")
@@ -482,6 +483,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
 
         # transact(): concurrent puts share one commit and one sync.
         self.store.transact(write)
+        codec.remember(thread, ns, checkpoint_id, cp.get("channel_versions"))
         self._sweeper.maybe_step(self)  # retention: a bounded step when one is due
         return _config(thread, ns, checkpoint_id)
 
@@ -565,8 +567,15 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             for kind in (S.BLOB, S.WRITE):
                 sp, dp = S.thread_prefix(kind, src), S.thread_prefix(kind, dst)
                 lo, hi = (S.blobs_range if kind == S.BLOB else S.writes_range)(src)
-                for key, value in list(txn.scan(lo, hi)):
-                    txn.put(S.rethread(key, len(sp), dp), value)
+                moved = [(S.rethread(k, len(sp), dp), v) for k, v in list(txn.scan(lo, hi))]
+                if kind == S.BLOB:  # delta chains of the target that the copy would break
+                    replaced = {k for k, v in moved if txn.get(k) not in (None, v)}
+                    if replaced:
+                        D.codec(self.serde).detach(
+                            txn, replaced, *S.blobs_range(dst), keep=[k for k, _ in moved]
+                        )
+                for key, value in moved:
+                    txn.put(key, value)
             for _, raw in list(txn.scan(*S.checkpoints_range(src))):
                 rec = S.decode_checkpoint(raw)._replace(thread_id=dst)
                 ns, cid = rec.checkpoint_ns, rec.checkpoint_id
@@ -658,7 +667,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 versions = TH.versions(self.serde, rec)
                 found: dict[str, Any] = {}
                 for ch in remaining:
-                    if (typed := TH.stored_value(txn, thread, ns, versions, ch)) is not None:
+                    typed = TH.stored_value(txn, thread, ns, versions, ch, self.serde)
+                    if typed is not None:
                         found[ch] = loads(typed)
                 for w in reversed(self._load_writes(txn, thread, ns, cursor)):
                     if w.channel in remaining:
