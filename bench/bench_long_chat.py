@@ -3,7 +3,7 @@ SqliteSaver, with delta storage of the message list.
 
     python bench/bench_long_chat.py                         # 3 threads x 500 turns, 120 and 500
     python bench/bench_long_chat.py --turns 120 --marks 120 # the quick look
-    python bench/bench_long_chat.py --turns 120 --marks 120 --sweep-k 1,4,8,16,32,64
+    python bench/bench_long_chat.py --turns 120 --sweep-k 1,8,16,32,64,128,256
 
 Workload (the chat of issue #15): a graph with ``messages`` (``add_messages``)
 and ``summary`` (a string); each turn invokes it with one human message and
@@ -27,7 +27,8 @@ the same read through a fresh serializer (so neither the decompression cache
 nor the delta cache holds anything: a read in another process). Put CPU:
 ``time.thread_time`` inside every ``put`` of kv and kv-whole, paired per
 (thread, turn) invoke, median of the ratios. ``--sweep-k`` runs the kv saver
-with several ``delta.MAX_CHAIN`` values instead (bytes vs read cost).
+with several ``delta.MAX_CHAIN`` values instead (bytes vs read cost; see
+``sweep_k``).
 Results go to bench/results/long_chat.json.
 """
 
@@ -51,8 +52,10 @@ from bench_storage import text
 from kvsaver import KVSaver
 from kvsaver import compression as C
 from kvsaver import delta as D
+from kvsaver import schema as S
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import START, StateGraph
@@ -231,20 +234,57 @@ def run(
     return result
 
 
-def sweep_k(threads: int, turns: int, ks: list[int], rounds: int) -> dict[str, Any]:
-    """The kv saver with several chain lengths: bytes vs read cost."""
-    out = {}
+def sweep_k(turns: int, ks: list[int], rounds: int) -> dict[str, Any]:
+    """The choice of K, without a graph: one thread of ``turns`` turns (two
+    appended messages a turn, as the chat's puts store them) put into an
+    in-memory KVSaver per K. Per K: bytes of the message list's records, and
+    the cold rebuild of the latest value (a fresh serializer each time, so
+    every piece is read and decompressed; the decode that follows is the
+    same for every K and is timed apart)."""
+    msgs: list[Any] = []
+    for t in range(turns):
+        msgs.append(HumanMessage(text(f"h/k/{t}", 290, 340), id=f"h-{t}"))
+        msgs.append(AIMessage(text(f"a/k/{t}", 290, 340), id=f"a-{t}"))
+    out: dict[str, Any] = {}
     for k in ks:
-        workdir = tempfile.mkdtemp(prefix="kvsaver-bench-k-")
-        try:
-            r = run(threads, turns, [turns], workdir, ["sqlite", "kv"], k=k, rounds=rounds)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-        m = r["marks"][str(turns)]
+        saver = KVSaver(":memory:")
+        D.codec(saver.serde).max_chain = k
+        parent = None
+        version = None
+        for i in range(1, len(msgs) + 1):
+            cp = empty_checkpoint()
+            cp["id"] = f"{i:08d}"
+            version = saver.get_next_version(version, None)
+            cp["channel_versions"] = {"messages": version}
+            cp["channel_values"] = {"messages": msgs[:i]}
+            conf: dict[str, Any] = {"thread_id": "k", "checkpoint_ns": ""}
+            if parent:
+                conf["checkpoint_id"] = parent
+            saver.put({"configurable": conf}, cp, {}, {"messages": version})
+            parent = cp["id"]
+        with saver.store.read() as txn:
+            size = sum(len(a) + len(b) for a, b in txn.scan(*S.blobs_range("k")))
+            key = S.blob_key("k", "", "messages", version)
+            raw = txn.get(key)
+            rebuild, decode = [], []
+            for _ in range(rounds):
+                serde = C.wrap(JsonPlusSerializer())
+                codec = D.codec(serde)
+                assert codec.comp is not None
+                codec.comp._decompressor()  # made once per thread, not per read
+                t0 = time.perf_counter()
+                typed = codec.typed(txn, key, raw)
+                t1 = time.perf_counter()
+                assert typed is not None
+                serde.loads_typed(typed)
+                t2 = time.perf_counter()
+                rebuild.append(t1 - t0)
+                decode.append(t2 - t1)
         out[str(k)] = {
-            "kv_bytes": m["disk_bytes"]["kv"],
-            "bytes_ratio_vs_sqlite": m["bytes_ratio_vs_sqlite"]["kv"],
-            "get_tuple_ratio_vs_sqlite": m["get_tuple_latest"]["ratio_vs_sqlite"],
+            "message_list_bytes": size,
+            "cold_rebuild_us": round(statistics.median(rebuild) * 1e6, 1),
+            "decode_us": round(statistics.median(decode) * 1e6, 1),
+            "depth_of_latest": D.decode(raw).depth if D.is_delta(raw) else 0,
         }
         print(f"K={k}: {json.dumps(out[str(k)])}", file=sys.stderr)
     return out
@@ -301,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         result: dict[str, Any] = {
             "threads": args.threads,
             "turns": args.turns,
-            "sweep_k": sweep_k(args.threads, args.turns, ks, args.rounds),
+            "sweep_k": sweep_k(args.turns, ks, args.rounds),
         }
     else:
         marks = [int(x) for x in args.marks.split(",") if int(x) <= args.turns]

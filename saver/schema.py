@@ -204,6 +204,16 @@ def sibling_blob_key(key: bytes, version: str | int | float) -> bytes:
     return pack((*unpack(key)[:-1], _ver(version)))
 
 
+def blob_prefix(key: bytes) -> bytes:
+    """A blob key without its version: ``blob_prefix(k) + version_element(v)``
+    is the key of version v of the same (thread, ns, channel)."""
+    return pack(unpack(key)[:-1])
+
+
+def version_element(version: str | int | float) -> bytes:
+    return pack((_ver(version),))
+
+
 def blob_channel_range(key: bytes) -> tuple[bytes, bytes]:
     """Every version of a blob key's (thread, ns, channel)."""
     return prefix_range(unpack(key)[:-1])
