@@ -73,7 +73,7 @@ import hashlib
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 import ormsgpack
@@ -335,12 +335,20 @@ class Codec:
         return out
 
     def write(
-        self, txn: Any, thread: str, ns: str, parent_id: Any, pending: Iterable[Pending]
+        self,
+        txn: Any,
+        thread: str,
+        ns: str,
+        parent_id: Any,
+        pending: Iterable[Pending],
+        put: Callable[[bytes, bytes], None] | None = None,
     ) -> None:
         """Write a put's blobs in its transaction: a list as a delta on the
         parent checkpoint's version of its channel when it extends it (and
         the chain is short enough), else whole. A version already stored with
-        other content is first cut loose from the chains built on it."""
+        other content is first cut loose from the chains built on it.
+        ``put`` writes a record (default ``txn.put``; the migration counts)."""
+        put = put or txn.put
         parent: Mapping[str, Any] | None = None
         for p in pending:
             old = txn.get(p.key)
@@ -349,7 +357,7 @@ class Codec:
                     continue
                 if old is not None:
                     self.detach(txn, {p.key}, *S.blob_channel_range(p.key))
-                txn.put(p.key, p.raw)
+                put(p.key, p.raw)
                 continue
             if old is not None:
                 e = self._try_resolve(txn, p.key, old)
@@ -365,7 +373,7 @@ class Codec:
             if raw is None:
                 raw = S.encode_blob(self.wrap("msgpack", p.plain))
                 self.recent.add(p.key, _Entry(raw, None, 0, p.plain))
-            txn.put(p.key, raw)
+            put(p.key, raw)
 
     def _delta(self, txn: Any, p: Pending, bkey: bytes, ref: Any) -> bytes | None:
         """The delta record of ``p`` on the value at ``bkey``, or None."""
