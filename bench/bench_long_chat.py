@@ -1,8 +1,9 @@
 """Long-chat storage (issue #15): bytes per turn and get_tuple latest against
 SqliteSaver, with delta storage of the message list.
 
-    python bench/bench_long_chat.py                         # 3 threads x 500 turns, 120 and 500
-    python bench/bench_long_chat.py --turns 120 --marks 120 # the quick look
+    python bench/bench_long_chat.py                         # 3 threads x 120 turns (~3 min)
+    python bench/bench_long_chat.py --threads 1 --turns 500 --marks 120,500 --savers sqlite,kv \
+        --out bench/results/long_chat_500.json                # 500 turns (~5 min)
     python bench/bench_long_chat.py --turns 120 --sweep-k 1,8,16,32,64,128,256
 
 Workload (the chat of issue #15): a graph with ``messages`` (``add_messages``)
@@ -322,8 +323,8 @@ def test_long_chat_storage(benchmark: Any, chat_run: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=3)
-    parser.add_argument("--turns", type=int, default=500)
-    parser.add_argument("--marks", default="120,500", help="turns at which to measure")
+    parser.add_argument("--turns", type=int, default=120)
+    parser.add_argument("--marks", default="120", help="turns at which to measure")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--savers", default="sqlite,kv,kv-whole")
     parser.add_argument("--sweep-k", default="", help="e.g. 1,4,8,16,32,64")
