@@ -322,24 +322,26 @@ def test_reads_join_at_most_max_chain_pieces() -> None:
 
 
 def test_old_format_store_reads_and_extends(tmp_path: Any) -> None:
-    """A store written before deltas (every value whole, format 1) reads as it
-    is, is marked format 2 when opened for writing, and its threads go on
+    """A store written before deltas (every value whole, format 2) reads as it
+    is, is marked format 3 when opened for writing, and its threads go on
     with deltas on the old whole values."""
     path = str(tmp_path / "s")
     with KVSaver(path) as old:
         D.codec(old.serde).enabled = False  # as kvsaver wrote before issue #15
         last = _chat(old, "t", 6)
         with old.store.write() as txn:
-            txn.put(S.SCHEMA_KEY, ormsgpack.packb({"format": 1}))
+            txn.put(S.SCHEMA_KEY, ormsgpack.packb({"format": 2}))
         assert not any(_kinds(old, "t"))
         before = [t.checkpoint for t in old.list(_cfg("t"))]
     with KVSaver(path, readonly=True) as ro:
         assert [t.checkpoint for t in ro.list(_cfg("t"))] == before
         with ro.store.read() as txn:
-            assert S.decode_schema(txn.get(S.SCHEMA_KEY)) == 1
+            assert S.decode_schema(txn.get(S.SCHEMA_KEY)) == 2
     with KVSaver(path) as new:
         with new.store.read() as txn:
-            assert S.decode_schema(txn.get(S.SCHEMA_KEY)) == 2
+            record = S.decode_schema_record(txn.get(S.SCHEMA_KEY))
+        assert record["format"] == S.FORMAT_VERSION == 3
+        assert record["upgrades"] == [{"from": 2, "to": 3}]
         _chat(new, "t", 4, start=6, parent=last)
         assert any(_kinds(new, "t"))
         got = [t.checkpoint for t in new.list(_cfg("t"))][4:]
