@@ -56,15 +56,16 @@ a ``JsonPlusSerializer`` (its msgpack layout is known); with any other the
 values are stored whole, as before. Reading needs only the outer layers.
 
 **K.** ``MAX_CHAIN`` = 64, by measurement (``bench/bench_long_chat.py
---sweep-k``: one 120-turn chat, two ~45-word messages a turn; results in
-bench/results/long_chat_k.json). The bytes of the message list fall as 1/K
-plus the deltas' fixed share: 3.79 MB whole (K=1), 334 KB at K=16, 233 KB at
-32, 168 KB at 64, 135 KB at 128. What K costs is the read of a value no cache
-holds (another process, a restart): it joins up to K pieces, a few µs each
-(about 1.3 ms at depth 47 under load), against 10-20 ms to decode the 240
-messages themselves; a put and a warm read find their base in the cache
-whatever K is. 64 keeps that worst case under a tenth of the decode, and 128
-would save 1% of the store for twice the walk.
+--sweep-k``: one 120-turn chat, 240 versions of a list of ~45-word messages;
+bench/results/long_chat_k.json, load average ~12 on 2 cores). Bytes of the
+message list: 3.79 MB with every version whole (K=1), 564 KB at K=8, 334 KB
+at 16, 233 KB at 32, 168 KB at 64, 135 KB at 128. What K costs is a read no
+cache helps (another process, a restart): its bytes are rebuilt from up to K
+pieces, 0.99 ms at depth 47 and 1.7 ms at depth 111, against 0.58 ms to
+decompress the same value stored whole and 25-40 ms to decode its 240
+messages, which every K pays alike. A put or a warm read finds its base in
+the cache, whatever K is. 64 keeps the worst cold rebuild a few percent of
+the decode; 128 would save 1% of the store for twice the walk.
 """
 
 from __future__ import annotations
