@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep_k:
         ks = [int(x) for x in args.sweep_k.split(",")]
         result: dict[str, Any] = {
-            "threads": args.threads,
+            "threads": 1,
             "turns": args.turns,
             "sweep_k": sweep_k(args.turns, ks, args.rounds),
         }
