@@ -434,6 +434,46 @@ class Codec:
 
     # -- keeping chains whole ----------------------------------------------------------
 
+    def plan_copy(
+        self,
+        txn: Any,
+        moved: list[tuple[bytes, bytes]],
+        used: set[bytes],
+        lo: bytes,
+        hi: bytes,
+    ) -> list[tuple[bytes, bytes]]:
+        """``copy_thread``'s blobs, keyed for the target [lo, hi): those the
+        source's checkpoints use, with the bases of their delta chains. A base
+        no source checkpoint uses does not replace a target blob of the same
+        key (the target's checkpoints may use it): the deltas built on it are
+        copied whole instead. Target deltas built on a blob the copy replaces
+        are rewritten whole first (``detach``)."""
+        src = dict(moved)
+        needed = chain_closure(src.items(), used & src.keys())
+        out: dict[bytes, bytes] = {}
+        clash = set()
+        for k in needed:
+            v, old = src[k], txn.get(k)
+            if k in used or old is None or old == v:
+                out[k] = v
+            else:
+                clash.add(k)
+        if clash:
+            view = _Pairs(src)
+            for k, v in list(out.items()):
+                cur, steps = k, 0
+                while src.get(cur, b"")[:1] == MARK and steps <= len(src):
+                    cur, steps = base_key(cur, src[cur]), steps + 1
+                    if cur in clash:
+                        e = self.resolve(view, k, v)
+                        assert e is not None
+                        out[k] = S.encode_blob(self.wrap("msgpack", e.plain))
+                        break
+        replaced = {k for k, v in out.items() if txn.get(k) not in (None, v)}
+        if replaced:
+            self.detach(txn, replaced, lo, hi, keep=out.keys())
+        return list(out.items())
+
     def detach(
         self,
         txn: Any,
@@ -470,6 +510,16 @@ class Codec:
         return len(rebuilt)
 
 
+class _Pairs:
+    """A read-only transaction over a dict (a copy's source records)."""
+
+    def __init__(self, items: dict[bytes, bytes]) -> None:
+        self.items = items
+
+    def get(self, key: bytes) -> bytes | None:
+        return self.items.get(key)
+
+
 def chain_closure(blobs: Iterable[tuple[bytes, bytes]], referenced: set[bytes]) -> set[bytes]:
     """``referenced`` plus, transitively, the base of every delta in it."""
     deltas = {k: r for k, r in blobs if r[:1] == MARK}
@@ -491,10 +541,14 @@ _CODECS_LOCK = threading.Lock()
 def codec(serde: SerializerProtocol) -> Codec:
     """The delta layer of a serializer stack, one per serializer object (so a
     clone with another allowlist, or another cipher, has its own cache)."""
-    c = _CODECS.get(serde)
-    if c is None:
-        with _CODECS_LOCK:
-            c = _CODECS.get(serde)
-            if c is None:
-                c = _CODECS[serde] = Codec(serde)
+    try:
+        c = _CODECS.get(serde)
+        if c is None:
+            with _CODECS_LOCK:
+                c = _CODECS.get(serde)
+                if c is None:
+                    c = _CODECS[serde] = Codec(serde)
+    except TypeError:  # a serializer that cannot be hashed or weakly referenced
+        c = Codec(serde)
+        c.enabled = False  # no cache to find a base in: store whole
     return c

@@ -568,12 +568,9 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 sp, dp = S.thread_prefix(kind, src), S.thread_prefix(kind, dst)
                 lo, hi = (S.blobs_range if kind == S.BLOB else S.writes_range)(src)
                 moved = [(S.rethread(k, len(sp), dp), v) for k, v in list(txn.scan(lo, hi))]
-                if kind == S.BLOB:  # delta chains of the target that the copy would break
-                    replaced = {k for k, v in moved if txn.get(k) not in (None, v)}
-                    if replaced:
-                        D.codec(self.serde).detach(
-                            txn, replaced, *S.blobs_range(dst), keep=[k for k, _ in moved]
-                        )
+                if kind == S.BLOB:  # what the source uses, and no delta chain broken
+                    used = {S.rethread(k, len(sp), dp) for k in TH.used_blobs(txn, self.serde, src)}
+                    moved = D.codec(self.serde).plan_copy(txn, moved, used, *S.blobs_range(dst))
                 for key, value in moved:
                     txn.put(key, value)
             for _, raw in list(txn.scan(*S.checkpoints_range(src))):

@@ -85,6 +85,15 @@ def delete_thread(txn: Any, thread: str) -> None:
     forget(txn, thread)
 
 
+def used_blobs(txn: Any, serde: SerializerProtocol, thread: str) -> set[bytes]:
+    """The blob keys the checkpoints of a thread (every namespace) name."""
+    used: set[bytes] = set()
+    for _, raw in txn.scan(*S.checkpoints_range(thread)):
+        rec = S.decode_checkpoint(raw)
+        used.update(key for _, key in S.blob_keys(thread, rec.checkpoint_ns, versions(serde, rec)))
+    return used
+
+
 def gc_blobs(txn: Any, serde: SerializerProtocol, thread: str, ns: str) -> None:
     """Delete the blobs of (thread, ns) that no remaining checkpoint uses,
     nor any delta chain of a blob that one uses (issue #15)."""

@@ -208,13 +208,15 @@ class Histories(RuleBasedStateMachine):
         self.kv.copy_thread(src, dst)
         if src == dst:
             return
+        # The checkpoints and the values they use (blobs no checkpoint uses
+        # are garbage: KVSaver's deletes collect them, InMemorySaver's not).
         m = self.mem
         for cid, saved in list(m.storage.get(src, {}).get("", {}).items()):
             m.storage[dst][""][cid] = saved
             self.runs[dst, cid] = self.runs[src, cid]
-        for (t, ns, ch, v), blob in list(m.blobs.items()):
-            if t == src:
-                m.blobs[(dst, ns, ch, v)] = blob
+            for ch, v in self._tuple(src, cid).checkpoint["channel_versions"].items():
+                if (src, "", ch, v) in m.blobs:
+                    m.blobs[(dst, "", ch, v)] = m.blobs[(src, "", ch, v)]
 
     @rule(thread=st.sampled_from(THREADS))
     def delete_thread(self, thread: str) -> None:
@@ -486,3 +488,17 @@ def test_put_over_a_stored_version_keeps_the_others() -> None:
     assert got[1:4] == want[:3]  # versions 4, 3, 2 as they were
     assert [m.id for m in got[4]["messages"]] == ["m99"]  # version 1 is the new value
     assert first
+
+
+def test_an_unhashable_serializer_still_works() -> None:
+    """``delta.codec`` keeps one codec per serializer object in a weak
+    dictionary; one that cannot be a key gets values stored whole."""
+
+    class Unhashable(EncryptedSerializer):
+        __hash__ = None  # type: ignore[assignment]
+
+    saver = KVSaver(":memory:", serde=Unhashable(_Xor()))
+    _chat(saver, "t", 6)
+    assert not any(_kinds(saver, "t"))
+    msgs = saver.get_tuple(_cfg("t")).checkpoint["channel_values"]["messages"]
+    assert [m.id for m in msgs] == [f"m{i}" for i in range(6)]
