@@ -502,3 +502,19 @@ def test_an_unhashable_serializer_still_works() -> None:
     assert not any(_kinds(saver, "t"))
     msgs = saver.get_tuple(_cfg("t")).checkpoint["channel_values"]["messages"]
     assert [m.id for m in msgs] == [f"m{i}" for i in range(6)]
+
+
+def test_compaction_keeps_chains(tmp_path: Any) -> None:
+    from kvsaver.kv.lmdb_store import compact_lmdb
+
+    path = str(tmp_path / "s")
+    with KVSaver(path) as saver:
+        _chat(saver, "t", 10)
+        assert any(_kinds(saver, "t"))
+        want = [t.checkpoint for t in saver.list(_cfg("t"))]
+    compact_lmdb(path)
+    with KVSaver(path) as saver:
+        assert [t.checkpoint for t in saver.list(_cfg("t"))] == want
+        _chat(saver, "t", 2, start=10, parent=want[0]["id"])
+        msgs = saver.get_tuple(_cfg("t")).checkpoint["channel_values"]["messages"]
+        assert [m.id for m in msgs] == [f"m{i}" for i in range(12)]
