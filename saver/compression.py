@@ -177,6 +177,33 @@ class CompressingSerializer(SerializerProtocol):
             typ, raw = typ[: -len(SUFFIX)], plain
         return self.serde.loads_typed((typ, raw))
 
+    def compress_typed(
+        self, typ: str, data: bytes, threshold: int | None = None
+    ) -> tuple[str, bytes]:
+        """``dumps_typed``'s step after the inner serializer, for bytes made
+        already (``saver.delta`` serializes a value once, then compresses
+        either the whole of it or only its appended part, which may be worth
+        compressing below the usual ``threshold``)."""
+        if self.threshold is None or typ.endswith(SUFFIX):
+            return typ, data
+        if len(data) < (self.threshold if threshold is None else threshold):
+            return typ, data
+        packed = self._compressor().compress(data)
+        if len(packed) > len(data) - (len(data) >> 4):
+            return typ, data
+        self._inflated.add(packed, data)
+        return typ + SUFFIX, packed
+
+    def decompress_typed(self, typ: str, raw: bytes) -> tuple[str, bytes]:
+        """``loads_typed``'s step before the inner serializer."""
+        if not typ.endswith(SUFFIX):
+            return typ, raw
+        plain = self._inflated.get(raw)
+        if plain is None:
+            plain = self._decompressor().decompress(raw)
+            self._inflated.add(raw, plain)
+        return typ[: -len(SUFFIX)], plain
+
     def with_inner(self, serde: SerializerProtocol) -> CompressingSerializer:
         """The same settings around another inner serializer."""
         return CompressingSerializer(

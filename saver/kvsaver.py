@@ -52,6 +52,7 @@ from langgraph.checkpoint.base import (
 )
 
 from . import compression as C
+from . import delta as D
 from . import retention as R
 from . import schema as S
 from . import stats as ST
@@ -224,7 +225,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             if self.store.readonly:
                 # Read as it is (saver/upgrade.py); another process may
                 # upgrade it meanwhile, which reads the same.
-                self._legacy_writes = True
+                self._legacy_writes = version < 2  # format 1 write keys
                 return
             with self.store.write() as txn:  # one transaction: all of it or none
                 raw = txn.get(S.SCHEMA_KEY)
@@ -273,6 +274,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         """A stored checkpoint record -> CheckpointTuple (blobs and writes
         read in the same transaction). Used by get_tuple and list alike."""
         loads = self.serde.loads_typed
+        blob = D.codec(self.serde).typed  # whole or delta (issue #15)
         thread, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
         checkpoint: Checkpoint = loads(rec.checkpoint)
         values: dict[str, Any] = {}
@@ -282,8 +284,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # scan), travels in the same round trip. Local stores skip it.
         if getattr(self.store, "pipelines_reads", False):
             txn.scan(*S.writes_range(thread, ns, cid))
-        for (channel, _), raw in zip(keyed, txn.get_many([key for _, key in keyed])):
-            if (typed := S.decode_blob(raw)) is not None:
+        for (channel, key), raw in zip(keyed, txn.get_many([key for _, key in keyed])):
+            if (typed := blob(txn, key, raw)) is not None:
                 values[channel] = loads(typed)
         checkpoint["channel_values"] = values
         writes: list[PendingWrite] = [
@@ -465,15 +467,15 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         cp = dict(checkpoint)
         values: dict[str, Any] = cp.pop("channel_values", None) or {}
         checkpoint_id = str(cp["id"])
-        blobs = [
-            (key, S.encode_blob(dumps(values[ch]) if ch in values else None))
-            for ch, key in S.blob_keys(thread, ns, new_versions)
-        ]
+        # Lists as plain msgpack: stored as deltas where they extend (issue #15).
+        codec = D.codec(self.serde)
+        blobs = codec.prepare(thread, ns, new_versions, values, dumps)
+        parent_id = conf.get("checkpoint_id")
         rec = S.make_checkpoint_record(
             thread,
             ns,
             checkpoint_id,
-            conf.get("checkpoint_id"),
+            parent_id,
             dumps(cp),
             get_checkpoint_metadata(config, metadata),
             dumps,
@@ -486,14 +488,16 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         akey = S.activity_key(thread)
 
         def write(txn: Any) -> None:
-            # Both reads of this function (touch() reads akey) in one get_many:
-            # one round trip on a network store (issue #14).
-            old = txn.get_many([ckey, akey])[0]
+            # The reads of this function (touch() reads akey, the codec its
+            # blobs' keys and bases) in one get_many: one round trip on a
+            # network store (issue #14).
+            keys = [ckey, akey, *codec.read_keys(thread, ns, parent_id, blobs)]
+            known = dict(zip(keys, txn.get_many(keys)))
+            old = known[ckey]
             if old is not None:  # replaced: drop the old record's index entries
                 for key in S.index_keys(S.decode_checkpoint(old)):
                     txn.delete(key)
-            for key, value in blobs:
-                txn.put(key, value)
+            codec.write(txn, thread, ns, parent_id, blobs, known=known)
             txn.put(ckey, record)
             for key in index:
                 txn.put(key, b"")
@@ -501,6 +505,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
 
         # transact(): concurrent puts share one commit and one sync.
         self.store.transact(write)
+        codec.remember(thread, ns, checkpoint_id, cp.get("channel_versions"))
         self._sweeper.maybe_step(self)  # retention: a bounded step when one is due
         return _config(thread, ns, checkpoint_id)
 
@@ -590,8 +595,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             for kind in (S.BLOB, S.WRITE):
                 sp, dp = S.thread_prefix(kind, src), S.thread_prefix(kind, dst)
                 lo, hi = (S.blobs_range if kind == S.BLOB else S.writes_range)(src)
-                for key, value in list(txn.scan(lo, hi)):
-                    txn.put(S.rethread(key, len(sp), dp), value)
+                moved = [(S.rethread(k, len(sp), dp), v) for k, v in list(txn.scan(lo, hi))]
+                if kind == S.BLOB:  # what the source uses, and no delta chain broken
+                    used = {S.rethread(k, len(sp), dp) for k in TH.used_blobs(txn, self.serde, src)}
+                    moved = D.codec(self.serde).plan_copy(txn, moved, used, *S.blobs_range(dst))
+                for key, value in moved:
+                    txn.put(key, value)
             for _, raw in list(txn.scan(*S.checkpoints_range(src))):
                 rec = S.decode_checkpoint(raw)._replace(thread_id=dst)
                 ns, cid = rec.checkpoint_ns, rec.checkpoint_id
@@ -683,7 +692,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 versions = TH.versions(self.serde, rec)
                 found: dict[str, Any] = {}
                 for ch in remaining:
-                    if (typed := TH.stored_value(txn, thread, ns, versions, ch)) is not None:
+                    typed = TH.stored_value(txn, thread, ns, versions, ch, self.serde)
+                    if typed is not None:
                         found[ch] = loads(typed)
                 for w in reversed(self._load_writes(txn, thread, ns, cursor)):
                     if w.channel in remaining:

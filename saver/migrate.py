@@ -80,6 +80,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
+from . import delta as D
 from . import schema as S
 from .compression import CompressingSerializer
 from .kvsaver import KVSaver
@@ -577,6 +578,7 @@ def _copy_sqlite(
                             split,
                             dumps,
                             where,
+                            D.codec(serde),
                         )
                 for task_id, task_path, idx, channel, wtype, wvalue in src.writes_of(
                     thread_v, ns_v, cid_v
@@ -665,9 +667,11 @@ def _put_checkpoint(
     split: Callable[[tuple[str, bytes]], tuple[dict[str, Any], dict[str, Callable[[], Any]]]],
     dumps: Callable[[Any], tuple[str, bytes]],
     where: str,
+    codec: D.Codec | None = None,
 ) -> None:
     """One checkpoint as ``KVSaver.put`` stores it: a blob per (channel, version)
-    not stored yet, the record without channel_values, and every index key
+    not stored yet (through ``codec``: a list that extends its parent's is a
+    delta, issue #15), the record without channel_values, and every index key
     (``schema.index_keys``)."""
     thread, ns, cid = ids
     txn = put.txn
@@ -694,7 +698,13 @@ def _put_checkpoint(
             bkey = S.blob_key(thread, ns, channel, version)
             if txn.get(bkey) is not None:
                 continue
-            put(bkey, S.encode_blob(dumps(values[channel]()) if channel in values else None))
+            if codec is not None and channel in values:
+                one = codec.prepare(
+                    thread, ns, {channel: version}, {channel: values[channel]()}, dumps
+                )
+                codec.write(txn, thread, ns, parent, one, put)
+            else:
+                put(bkey, S.encode_blob(dumps(values[channel]()) if channel in values else None))
             put.stats.blobs_written += 1
         if not isinstance(metadata, dict):
             raise MigrationError(f"{where}: metadata is not a JSON object: {metadata!r}")
@@ -710,6 +720,8 @@ def _put_checkpoint(
     put(S.checkpoint_key(thread, ns, cid), S.encode_checkpoint(record))
     for key in S.index_keys(record):
         put(key, b"")
+    if codec is not None:
+        codec.remember(thread, ns, cid, versions)
 
 
 # -- copy_all: any saver to any saver -------------------------------------------------

@@ -7,7 +7,10 @@ keyspace    key                                              value
 ==========  ===============================================  ==========================
 checkpoint  ("c", thread, ns, checkpoint_id)                 CheckpointRecord
 blob        ("b", thread, ns, channel, version)              type NUL bytes (type
-                                                             "empty": no value)
+                                                             "empty": no value), or
+                                                             a delta record: 0xD1
+                                                             [ref, n, depth, digest,
+                                                             type, piece] (format 3)
 write       ("w", thread, ns, checkpoint_id, task_id, idx)   WriteRecord (task_path
                                                              in the record only)
 run index   ("r", run_id, thread, ns, checkpoint_id)         b""
@@ -36,7 +39,9 @@ format   written    difference from the next
 1        0.1.0      write key ("w", thread, ns, checkpoint_id, task_path,
                     task_id, idx): one task id under two task paths was two
                     writes (issue #12.1)
-2        after      (current)
+2        after      no delta records among the blobs (issue #15)
+         0.1.0
+3        after      (current)
          0.1.0
 =======  =========  ==========================================================
 
@@ -76,6 +81,21 @@ of such over-long ids among short ones; ids that LangGraph generates (uuid6
 checkpoint ids, version strings) are far below the limit and keep their exact
 order, which is what "latest = last key" relies on.
 
+**Delta values** (format 3, ``saver/delta.py``): a list channel's version that
+extends, element for element and byte for byte, the version stored at the
+put's parent checkpoint is stored as the appended elements' bytes plus a
+reference (``ref``) to that version of the same (thread, ns, channel); ``n``
+is the whole value's element count, ``depth`` the number of deltas down to a
+whole copy (below ``delta.MAX_CHAIN``), ``digest`` names the content, and
+``type``/``piece`` are the appended bytes after compression and encryption.
+A whole record never starts with byte 0xD1 (its type name is ASCII), so both
+kinds live side by side and stores written before keep reading. Invariant:
+the base of every stored delta is stored (deletes keep bases of what they
+keep; overwrites first rewrite dependents whole). Older stores hold no
+delta records and read as they are; their upgrade to format 3 rewrites
+nothing (it only records that deltas may now be written, so that an older
+kvsaver refuses the store instead of failing on a delta record).
+
 Records are ormsgpack arrays; serde-typed payloads are stored as
 ``(type, bytes)`` pairs exactly as ``serde.dumps_typed`` returns them, so
 ``EncryptedSerializer`` and the msgpack allowlist keep working.
@@ -90,7 +110,7 @@ from typing import Any, NamedTuple
 import ormsgpack
 from kvsaver.kv.keys import pack, prefix_range, unpack
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: delta records among the blobs (issue #15)
 SCHEMA_KEY = pack(("meta", "schema"))
 _MAX_INLINE = 94  # escaped UTF-8 bytes; 5 inline strings + codes stay < 511
 
@@ -176,6 +196,27 @@ def blob_keys(thread: str, ns: str, versions: Mapping[str, Any]) -> list[tuple[s
 # (channel, type, version) -> packed key elements: a thread's latest
 # checkpoint is read at every step, with the same channel versions each time.
 _SUFFIX_CACHE: dict[tuple[str, type, Any], bytes] = {}
+
+
+def sibling_blob_key(key: bytes, version: str | int | float) -> bytes:
+    """The key of another version of a blob key's (thread, ns, channel):
+    a delta record's base. Works on key elements, surrogates included."""
+    return pack((*unpack(key)[:-1], _ver(version)))
+
+
+def blob_prefix(key: bytes) -> bytes:
+    """A blob key without its version: ``blob_prefix(k) + version_element(v)``
+    is the key of version v of the same (thread, ns, channel)."""
+    return pack(unpack(key)[:-1])
+
+
+def version_element(version: str | int | float) -> bytes:
+    return pack((_ver(version),))
+
+
+def blob_channel_range(key: bytes) -> tuple[bytes, bytes]:
+    """Every version of a blob key's (thread, ns, channel)."""
+    return prefix_range(unpack(key)[:-1])
 
 
 def blobs_range(thread: str, ns: str | None = None) -> tuple[bytes, bytes]:

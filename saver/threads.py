@@ -15,6 +15,7 @@ from typing import Any
 
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from . import delta as D
 from . import schema as S
 
 TOUCH_RESOLUTION_MS = 1000  # activity is recorded at most once a second per thread
@@ -48,14 +49,20 @@ def namespaces(txn: Any, thread: str) -> list[str]:
 
 
 def stored_value(
-    txn: Any, thread: str, ns: str, channel_versions: Mapping[str, Any], channel: str
+    txn: Any,
+    thread: str,
+    ns: str,
+    channel_versions: Mapping[str, Any],
+    channel: str,
+    serde: SerializerProtocol,
 ) -> S.Typed | None:
     """The value a checkpoint with these versions stored for ``channel``, or
     None when it stored none (no version, or the "empty" marker): what ends a
     DeltaChannel's walk back to its seed."""
     if channel not in channel_versions:
         return None
-    return S.decode_blob(txn.get(S.blob_key(thread, ns, channel, channel_versions[channel])))
+    key = S.blob_key(thread, ns, channel, channel_versions[channel])
+    return D.codec(serde).typed(txn, key, txn.get(key))
 
 
 def delete_checkpoint(txn: Any, rec: S.CheckpointRecord) -> None:
@@ -78,13 +85,25 @@ def delete_thread(txn: Any, thread: str) -> None:
     forget(txn, thread)
 
 
+def used_blobs(txn: Any, serde: SerializerProtocol, thread: str) -> set[bytes]:
+    """The blob keys the checkpoints of a thread (every namespace) name."""
+    used: set[bytes] = set()
+    for _, raw in txn.scan(*S.checkpoints_range(thread)):
+        rec = S.decode_checkpoint(raw)
+        used.update(key for _, key in S.blob_keys(thread, rec.checkpoint_ns, versions(serde, rec)))
+    return used
+
+
 def gc_blobs(txn: Any, serde: SerializerProtocol, thread: str, ns: str) -> None:
-    """Delete the blobs of (thread, ns) that no remaining checkpoint uses."""
+    """Delete the blobs of (thread, ns) that no remaining checkpoint uses,
+    nor any delta chain of a blob that one uses (issue #15)."""
     referenced = set()
     for _, raw in txn.scan(*S.checkpoints_range(thread, ns)):
         vs = versions(serde, S.decode_checkpoint(raw))
         referenced.update(key for _, key in S.blob_keys(thread, ns, vs))
-    stale = [key for key, _ in txn.scan(*S.blobs_range(thread, ns)) if key not in referenced]
+    blobs = list(txn.scan(*S.blobs_range(thread, ns)))
+    referenced = D.chain_closure(blobs, referenced)
+    stale = [key for key, _ in blobs if key not in referenced]
     for key in stale:
         txn.delete(key)
 
@@ -120,7 +139,7 @@ def keep_latest(
             keep.add(cursor)
             vs = versions(serde, rec)
             for ch in list(delta):
-                if stored_value(txn, thread, ns, vs, ch) is not None:
+                if stored_value(txn, thread, ns, vs, ch, serde) is not None:
                     delta.discard(ch)
             cursor = rec.parent_id
     deleted = 0

@@ -64,7 +64,18 @@ def _writes_by_task_id(txn: Any) -> dict[str, int]:
     return {"writes": moved, "writes_dropped": dropped}
 
 
-UPGRADES: dict[int, Callable[[Any], dict[str, int]]] = {1: _writes_by_task_id}
+def _deltas_allowed(txn: Any) -> dict[str, int]:
+    """Format 2 -> 3 (issue #15): blobs may now be delta records
+    (``saver/delta.py``). Nothing to rewrite: whole values read as before;
+    the new number makes an older kvsaver refuse the store rather than fail
+    on the first delta record it meets."""
+    return {}
+
+
+UPGRADES: dict[int, Callable[[Any], dict[str, int]]] = {
+    1: _writes_by_task_id,
+    2: _deltas_allowed,
+}
 
 
 def upgrade(txn: Any, version: int) -> list[dict[str, Any]]:

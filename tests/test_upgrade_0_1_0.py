@@ -145,9 +145,10 @@ def test_0_1_0_store_upgrades_on_open_and_reads_as_sqlitesaver(
     _apply(ref, CALLS)
     with _open_copy(backend, tmp_path) as saver:
         schema = _schema(saver)
-        assert schema["format"] == S.FORMAT_VERSION == 2
-        [step] = schema["upgrades"]
+        assert schema["format"] == S.FORMAT_VERSION == 3
+        [step, deltas] = schema["upgrades"]  # 2 -> 3 (issue #15) rewrites nothing
         assert (step["from"], step["to"]) == (1, 2)
+        assert deltas == {"from": 2, "to": 3}
         # Three (task_id, idx) pairs held under two paths (task-c idx 0, task-d
         # INTERRUPT, the long task id idx 0) in the last checkpoint of each of
         # the 4 (thread, ns) chains.
@@ -166,7 +167,7 @@ def test_0_1_0_store_upgrades_on_open_and_reads_as_sqlitesaver(
         _same_as(saver, ref)
     # Reopened: no second upgrade, the same contents.
     with _open_copy(backend, tmp_path) as saver:
-        assert _schema(saver)["upgrades"] == [step]
+        assert _schema(saver)["upgrades"] == [step, deltas]
         _same_as(saver, ref)
         # The other operations over write keys, on the upgraded store.
         thread = EXPECTED[0]["thread_id"]
@@ -214,7 +215,7 @@ def test_0_1_0_store_read_only_reads_the_same_without_upgrading(
         )
         assert scan_all(saver.store) == before
     with _open_copy(backend, tmp_path) as saver:  # now upgraded
-        assert _schema(saver)["format"] == 2
+        assert _schema(saver)["format"] == S.FORMAT_VERSION
         assert [tuples(saver.list({"configurable": {"thread_id": t}})) for t in THREADS] == old_view
         assert saver.stats().writes == old_writes == sum(len(e["pending_writes"]) for e in EXPECTED)
         assert old_history == saver.get_delta_channel_history(
@@ -259,7 +260,8 @@ def test_colliding_0_1_0_writes_keep_the_smallest_task_path(tmp_path: Path) -> N
         assert saver.stats().writes == 4
     with KVSaver(path, backend="file") as saver:
         assert _schema(saver)["upgrades"] == [
-            {"from": 1, "to": 2, "writes": 6, "writes_dropped": 2}
+            {"from": 1, "to": 2, "writes": 6, "writes_dropped": 2},
+            {"from": 2, "to": 3},
         ]
         assert saver.get_tuple(config("t")).pending_writes == want
         assert saver.stats().writes == 4
@@ -287,5 +289,5 @@ def test_a_failed_upgrade_leaves_the_store_as_it_was(tmp_path: Path, monkeypatch
     store.close()
     monkeypatch.undo()
     with KVSaver(path, backend="file") as saver:
-        assert _schema(saver)["format"] == 2
+        assert _schema(saver)["format"] == S.FORMAT_VERSION
         assert len(saver.get_tuple(config("t")).pending_writes) == 4

@@ -1,0 +1,520 @@
+"""Delta storage of append-only channel values (issue #15, ``saver/delta.py``).
+
+The state machine drives KVSaver and InMemorySaver with the same puts (list
+histories: appends, RemoveMessage, replacement by id, trimming, type changes,
+forks from old checkpoints, a version stored again with another value) and
+the same deletes and copies (retention sweeps, prune, copy_thread,
+delete_for_runs, delete_thread; applied to InMemorySaver's dicts where it has
+no such method), and compares every state of every checkpoint, through the
+saver that wrote them (its caches warm) and through a fresh one (cold: every
+chain rebuilt from the store).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import ormsgpack
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from kvsaver import KVSaver, Retention
+from kvsaver import delta as D
+from kvsaver import schema as S
+from kvsaver.kv import FormatVersionError, MemoryStore
+from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.serde.base import CipherProtocol, SerializerProtocol
+from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.graph.message import add_messages
+
+THREADS = ["t1", "t2"]
+CHANNELS = ["messages", "items"]
+_ids = itertools.count()
+
+
+def _cfg(thread: str, cid: str | None = None) -> dict[str, Any]:
+    conf: dict[str, Any] = {"thread_id": thread, "checkpoint_ns": ""}
+    if cid is not None:
+        conf["checkpoint_id"] = cid
+    return {"configurable": conf}
+
+
+def _small_chains(saver: KVSaver, k: int = 3) -> KVSaver:
+    """Deltas on every list however small, and chains of at most ``k``: every
+    path (whole copy, delta, the K-th copy) is taken within a few steps."""
+    codec = D.codec(saver.serde)
+    codec.min_bytes = 1
+    codec.max_chain = k
+    return saver
+
+
+def _fresh(saver: KVSaver) -> KVSaver:
+    """The same store through a new serializer: no cached value."""
+    return KVSaver(saver.store)
+
+
+def _records(saver: KVSaver, thread: str) -> dict[bytes, bytes]:
+    with saver.store.read() as txn:
+        return dict(txn.scan(*S.blobs_range(thread)))
+
+
+def _message(i: int, long: bool) -> Any:
+    cls = HumanMessage if i % 2 else AIMessage
+    return cls(f"words of a message {i} " * (12 if long else 1), id=f"m{i}")
+
+
+class Histories(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.kv = _small_chains(KVSaver(":memory:"))
+        self.mem = InMemorySaver()
+        self.runs: dict[tuple[str, str], str] = {}  # (thread, cid) -> run id
+        self.n = 0
+
+    # -- helpers ------------------------------------------------------------------
+
+    def _cids(self, thread: str) -> list[str]:
+        return sorted(self.mem.storage.get(thread, {}).get("", {}))
+
+    def _tuple(self, thread: str, cid: str) -> Any:
+        return self.mem.get_tuple(_cfg(thread, cid))
+
+    def _version(self) -> str:
+        self.n += 1
+        return f"{self.n:032}.{self.n % 7:016}"
+
+    def _put(
+        self,
+        thread: str,
+        parent: str | None,
+        values: dict[str, Any],
+        bump: set[str],
+        versions: dict[str, str] | None = None,
+        run: str = "r0",
+    ) -> None:
+        cp = empty_checkpoint()
+        cid = f"{next(_ids):012}"
+        cp["id"] = cid
+        old = dict(self._tuple(thread, parent).checkpoint["channel_versions"]) if parent else {}
+        new_versions = {ch: (versions or {}).get(ch) or self._version() for ch in bump}
+        old.update(new_versions)
+        cp["channel_versions"] = old
+        cp["channel_values"] = values
+        meta = {"source": "loop", "step": self.n, "run_id": run}
+        for saver in (self.kv, self.mem):
+            saver.put(_cfg(thread, parent), dict(cp), dict(meta), dict(new_versions))
+        self.runs[thread, cid] = run
+
+    # -- puts ---------------------------------------------------------------------------
+
+    @rule(
+        thread=st.sampled_from(THREADS),
+        back=st.integers(0, 4),
+        channel=st.sampled_from(CHANNELS),
+        op=st.sampled_from(
+            ["append", "append", "append", "remove", "replace", "trim", "type", "same"]
+        ),
+        k=st.integers(1, 3),
+        long=st.booleans(),
+        run=st.sampled_from(["r0", "r1", "r2"]),
+    )
+    def step(
+        self, thread: str, back: int, channel: str, op: str, k: int, long: bool, run: str
+    ) -> None:
+        """A new checkpoint on the latest or an older one (a fork)."""
+        cids = self._cids(thread)
+        parent = cids[-1 - back] if len(cids) > back else (cids[-1] if cids else None)
+        values = dict(self._tuple(thread, parent).checkpoint["channel_values"]) if parent else {}
+        cur = values.get(channel, [])
+        if not isinstance(cur, list):
+            cur = []
+        if channel == "messages":
+            fresh = [_message(self.n * 10 + i, long) for i in range(k)]
+            ids = [m.id for m in cur]
+            if op == "append" or not ids:
+                new: Any = add_messages(cur, fresh)
+            elif op == "remove":
+                new = add_messages(cur, [RemoveMessage(id=ids[len(ids) // 2])])
+            elif op == "replace":
+                new = add_messages(cur, [HumanMessage("replaced", id=ids[0])])
+            elif op == "trim":
+                new = cur[k:]
+            elif op == "type":
+                new = "a string now" if long else {"not": "a list"}
+            else:
+                new = list(cur)
+        else:
+            fresh = [("x" * (100 if long else 3), self.n, i) for i in range(k)]
+            if op == "type":
+                new = 42 if long else "text"
+            elif op == "trim":
+                new = cur[1:]
+            elif op == "replace" and cur:
+                new = [("other",), *cur[1:]]
+            elif op == "same":
+                new = list(cur)
+            else:
+                new = cur + [list(f) for f in fresh]
+        values[channel] = new
+        self._put(thread, parent, values, {channel}, run=run)
+
+    @precondition(lambda self: any(self._cids(t) for t in THREADS))
+    @rule(thread=st.sampled_from(THREADS), data=st.data())
+    def overwrite_version(self, thread: str, data: st.DataObject) -> None:
+        """A put that stores an existing version again, with another value:
+        every checkpoint of that version sees the new one, no other changes."""
+        cids = self._cids(thread)
+        if not cids:
+            return
+        parent = data.draw(st.sampled_from(cids))
+        tup = self._tuple(thread, parent)
+        ch = data.draw(st.sampled_from(CHANNELS))
+        ver = tup.checkpoint["channel_versions"].get(ch)
+        if ver is None:
+            return
+        values = dict(tup.checkpoint["channel_values"])
+        values[ch] = [_message(10_000 + self.n, False)]
+        self._put(thread, parent, values, {ch}, versions={ch: ver})
+
+    # -- deletes and copies ---------------------------------------------------------------
+
+    @rule(keep=st.integers(1, 3))
+    def sweep(self, keep: int) -> None:
+        self.kv.sweep(Retention(keep_last=keep, sweep_interval_minutes=None))
+        for t in THREADS:
+            for cid in self._cids(t)[:-keep]:
+                self._drop(t, cid)
+
+    @rule(thread=st.sampled_from(THREADS))
+    def prune(self, thread: str) -> None:
+        self.kv.prune([thread])
+        for cid in self._cids(thread)[:-1]:
+            self._drop(thread, cid)
+
+    @rule(run=st.sampled_from(["r1", "r2"]))
+    def delete_for_runs(self, run: str) -> None:
+        self.kv.delete_for_runs([run])
+        for (t, cid), r in list(self.runs.items()):
+            if r == run and cid in self._cids(t):
+                self._drop(t, cid)
+
+    @rule(src=st.sampled_from(THREADS), dst=st.sampled_from(THREADS))
+    def copy_thread(self, src: str, dst: str) -> None:
+        self.kv.copy_thread(src, dst)
+        if src == dst:
+            return
+        # The checkpoints and the values they use (blobs no checkpoint uses
+        # are garbage: KVSaver's deletes collect them, InMemorySaver's not).
+        m = self.mem
+        for cid, saved in list(m.storage.get(src, {}).get("", {}).items()):
+            m.storage[dst][""][cid] = saved
+            self.runs[dst, cid] = self.runs[src, cid]
+            for ch, v in self._tuple(src, cid).checkpoint["channel_versions"].items():
+                if (src, "", ch, v) in m.blobs:
+                    m.blobs[(dst, "", ch, v)] = m.blobs[(src, "", ch, v)]
+
+    @rule(thread=st.sampled_from(THREADS))
+    def delete_thread(self, thread: str) -> None:
+        self.kv.delete_thread(thread)
+        self.mem.delete_thread(thread)
+
+    def _drop(self, thread: str, cid: str) -> None:
+        del self.mem.storage[thread][""][cid]
+
+    # -- the comparison ----------------------------------------------------------------------
+
+    @invariant()
+    def every_state_equal(self) -> None:
+        cold = _fresh(self.kv)
+        for t in THREADS:
+            cids = self._cids(t)
+            listed = [tup.config["configurable"]["checkpoint_id"] for tup in self.kv.list(_cfg(t))]
+            assert listed == cids[::-1]
+            for cid in cids:
+                want = self._tuple(t, cid).checkpoint["channel_values"]
+                for saver in (self.kv, cold):
+                    got = saver.get_tuple(_cfg(t, cid))
+                    assert got is not None
+                    assert got.checkpoint["channel_values"] == want, (t, cid)
+            # The chain invariant: the base of every stored delta is stored.
+            records = _records(self.kv, t)
+            for key, raw in records.items():
+                if D.is_delta(raw):
+                    assert D.base_key(key, raw) in records
+
+
+TestHistories = Histories.TestCase
+TestHistories.settings = settings(
+    max_examples=60,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+# -- targeted tests ---------------------------------------------------------------------
+
+
+def _chat(
+    saver: Any, thread: str, turns: int, start: int = 0, parent: str | None = None, run: str = "r"
+) -> str:
+    """``turns`` puts, each appending one message to "messages"; returns the last id."""
+    tup = saver.get_tuple(_cfg(thread, parent)) if parent else saver.get_tuple(_cfg(thread))
+    msgs = list(tup.checkpoint["channel_values"]["messages"]) if tup else []
+    versions = dict(tup.checkpoint["channel_versions"]) if tup else {}
+    parent = tup.config["configurable"]["checkpoint_id"] if tup else None
+    for i in range(start, start + turns):
+        msgs = [*msgs, _message(i, True)]
+        cp = empty_checkpoint()
+        cp["id"] = f"{next(_ids):012}"
+        ver = saver.get_next_version(versions.get("messages"), None)
+        versions["messages"] = ver
+        cp["channel_versions"] = dict(versions)
+        cp["channel_values"] = {"messages": msgs}
+        saver.put(_cfg(thread, parent), cp, {"step": i, "run_id": run}, {"messages": ver})
+        parent = cp["id"]
+    assert parent is not None
+    return parent
+
+
+def _kinds(saver: KVSaver, thread: str) -> list[bool]:
+    return [D.is_delta(v) for v in _records(saver, thread).values()]
+
+
+def test_appends_are_stored_as_the_appended_bytes() -> None:
+    saver = KVSaver(":memory:")
+    _chat(saver, "t", 20)
+    kinds = _kinds(saver, "t")
+    # Whole every MAX_CHAIN versions, deltas in between.
+    assert kinds.count(False) == -(-20 // D.MAX_CHAIN) and kinds.count(True) == 20 - kinds.count(
+        False
+    )
+    codec = D.codec(saver.serde)
+    with saver.store.read() as txn:
+        items = list(txn.scan(*S.blobs_range("t")))
+        for (_, base_raw), (key, raw) in itertools.pairwise(items):
+            if not D.is_delta(raw):
+                continue
+            rec = D.decode(raw)
+            whole = JsonPlusSerializer().dumps_typed(
+                saver.get_tuple(_cfg("t")).checkpoint["channel_values"]["messages"][: rec.n]
+            )[1]
+            base = codec.resolve(txn, S.sibling_blob_key(key, rec.ref), base_raw)
+            assert base is not None
+            piece = codec.unwrap(rec.typ, rec.piece)[1]
+            # new bytes = new header + old elements + appended elements
+            head = D.header(base.plain)
+            assert head is not None
+            assert whole == D.make_header(rec.n) + base.plain[head[1] :] + piece
+
+
+def test_reads_join_at_most_max_chain_pieces() -> None:
+    saver = _small_chains(KVSaver(":memory:"), k=4)
+    _chat(saver, "t", 30)
+    with saver.store.read() as txn:
+        depths = [
+            D.decode(v).depth for v in dict(txn.scan(*S.blobs_range("t"))).values() if D.is_delta(v)
+        ]
+    assert depths and max(depths) == 3
+
+
+def test_old_format_store_reads_and_extends(tmp_path: Any) -> None:
+    """A store written before deltas (every value whole, format 2) reads as it
+    is, is marked format 3 when opened for writing, and its threads go on
+    with deltas on the old whole values."""
+    path = str(tmp_path / "s")
+    with KVSaver(path) as old:
+        D.codec(old.serde).enabled = False  # as kvsaver wrote before issue #15
+        last = _chat(old, "t", 6)
+        with old.store.write() as txn:
+            txn.put(S.SCHEMA_KEY, ormsgpack.packb({"format": 2}))
+        assert not any(_kinds(old, "t"))
+        before = [t.checkpoint for t in old.list(_cfg("t"))]
+    with KVSaver(path, readonly=True) as ro:
+        assert [t.checkpoint for t in ro.list(_cfg("t"))] == before
+        with ro.store.read() as txn:
+            assert S.decode_schema(txn.get(S.SCHEMA_KEY)) == 2
+    with KVSaver(path) as new:
+        with new.store.read() as txn:
+            record = S.decode_schema_record(txn.get(S.SCHEMA_KEY))
+        assert record["format"] == S.FORMAT_VERSION == 3
+        assert record["upgrades"] == [{"from": 2, "to": 3}]
+        _chat(new, "t", 4, start=6, parent=last)
+        assert any(_kinds(new, "t"))
+        got = [t.checkpoint for t in new.list(_cfg("t"))][4:]
+        assert got == before
+        msgs = new.get_tuple(_cfg("t")).checkpoint["channel_values"]["messages"]
+        assert [m.id for m in msgs] == [f"m{i}" for i in range(10)]
+    with KVSaver(path) as again:
+        assert again.get_tuple(_cfg("t")).checkpoint["channel_values"]["messages"] == msgs
+
+
+def test_a_newer_format_is_refused() -> None:
+    store = MemoryStore()
+    with store.write() as txn:
+        txn.put(S.SCHEMA_KEY, ormsgpack.packb({"format": S.FORMAT_VERSION + 1}))
+    with pytest.raises(FormatVersionError):
+        KVSaver(store)
+
+
+class _Xor(CipherProtocol):
+    def encrypt(self, plaintext: bytes) -> tuple[str, bytes]:
+        return "xor", bytes(b ^ 0x5A for b in plaintext)
+
+    def decrypt(self, ciphername: str, ciphertext: bytes) -> bytes:
+        assert ciphername == "xor"
+        return bytes(b ^ 0x5A for b in ciphertext)
+
+
+@pytest.mark.parametrize("cipher", ["xor", "aes"])
+def test_encrypted_round_trip(cipher: str) -> None:
+    """Deltas are taken before encryption: pieces are encrypted, the text never
+    appears in the store, every state reads back, also without the caches."""
+    if cipher == "aes":
+        serde = EncryptedSerializer.from_pycryptodome_aes(key=b"k" * 16)
+    else:
+        serde = EncryptedSerializer(_Xor())
+    saver = KVSaver(":memory:", serde=serde)
+    _chat(saver, "t", 12)
+    records = _records(saver, "t")
+    deltas = [D.decode(v) for v in records.values() if D.is_delta(v)]
+    assert deltas and all(
+        r.typ.endswith(f"+{cipher if cipher == 'xor' else 'aes'}") for r in deltas
+    )
+    with saver.store.read() as txn:
+        assert not any(b"words of a message" in v for _, v in txn.scan(None, None))
+    want = [t.checkpoint for t in saver.list(_cfg("t"))]
+    assert len(want) == 12
+    cold = KVSaver(saver.store, serde=serde)
+    assert [t.checkpoint for t in cold.list(_cfg("t"))] == want
+    msgs = want[0]["channel_values"]["messages"]
+    assert [m.id for m in msgs] == [f"m{i}" for i in range(12)]
+
+
+def test_unknown_serializer_stores_whole() -> None:
+    class Opaque(SerializerProtocol):  # msgpack inside, but not a JsonPlusSerializer
+        inner = JsonPlusSerializer()
+
+        def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+            return self.inner.dumps_typed(obj)
+
+        def loads_typed(self, data: tuple[str, bytes]) -> Any:
+            return self.inner.loads_typed(data)
+
+    saver = KVSaver(":memory:", serde=Opaque())
+    _chat(saver, "t", 8)
+    assert not any(_kinds(saver, "t"))
+    assert len(saver.get_tuple(_cfg("t")).checkpoint["channel_values"]["messages"]) == 8
+
+
+def test_prune_keeps_the_chain_of_the_latest_and_nothing_else() -> None:
+    saver = _small_chains(KVSaver(":memory:"), k=5)
+    _chat(saver, "t", 13)  # whole at 0, 5, 10; the latest (12) is a delta of depth 2
+    want = saver.get_tuple(_cfg("t")).checkpoint
+    saver.prune(["t"])
+    records = _records(saver, "t")
+    assert len(records) == 3 and sorted(_kinds(saver, "t")) == [False, True, True]
+    assert _fresh(saver).get_tuple(_cfg("t")).checkpoint == want
+
+
+def test_forks_share_their_base() -> None:
+    saver = _small_chains(KVSaver(":memory:"), k=8)
+    base = _chat(saver, "t", 3, run="x")
+    a = _chat(saver, "t", 1, start=100, parent=_chat(saver, "t", 1, 99, base, "x"), run="a")
+    b = _chat(saver, "t", 1, start=200, parent=_chat(saver, "t", 1, 199, base, "x"), run="b")
+    ids = {
+        cid: [
+            m.id
+            for m in _fresh(saver)
+            .get_tuple(_cfg("t", cid))
+            .checkpoint["channel_values"]["messages"]
+        ]
+        for cid in (a, b)
+    }
+    assert ids[a] == ["m0", "m1", "m2", "m99", "m100"]
+    assert ids[b] == ["m0", "m1", "m2", "m199", "m200"]
+    assert sum(_kinds(saver, "t")) == 6  # both branches are deltas on the same base
+    # Keeping only the two branch tips keeps their chains, the shared base too.
+    saver.delete_for_runs(["x"])
+    assert len(list(saver.list(_cfg("t")))) == 2
+    assert len(_records(saver, "t")) == 7
+    for cid, want in ids.items():
+        got = _fresh(saver).get_tuple(_cfg("t", cid)).checkpoint["channel_values"]["messages"]
+        assert [m.id for m in got] == want
+
+
+def test_copy_over_a_version_the_target_chains_on() -> None:
+    """copy_thread overwrites a target blob (same version, other bytes) that a
+    target-only delta is built on: that delta is rewritten whole first."""
+    saver = _small_chains(KVSaver(":memory:"), k=8)
+    mem = InMemorySaver()
+    for s in (saver, mem):
+        s.get_next_version = lambda cur, ch: (cur or 0) + 1  # int versions: they collide
+    for s in (saver, mem):
+        _chat(s, "src", 1, start=50)
+        _chat(s, "dst", 3)
+    want = [t.checkpoint["channel_values"] for t in saver.list(_cfg("dst"))]
+    saver.copy_thread("src", "dst")
+    got = {
+        t.config["configurable"]["checkpoint_id"]: t.checkpoint["channel_values"]
+        for t in _fresh(saver).list(_cfg("dst"))
+    }
+    src_ids = {t.config["configurable"]["checkpoint_id"] for t in saver.list(_cfg("src"))}
+    dst_only = [v for cid, v in got.items() if cid not in src_ids]
+    # Version 1 of "dst" now holds the source's value (as InMemorySaver would
+    # after copying its blobs); versions 2 and 3 keep theirs.
+    assert dst_only[:2] == want[:2]
+    assert [m.id for m in dst_only[2]["messages"]] == ["m50"]
+
+
+def test_put_over_a_stored_version_keeps_the_others() -> None:
+    saver = _small_chains(KVSaver(":memory:"), k=8)
+    saver.get_next_version = lambda cur, ch: (cur or 0) + 1
+    first = _chat(saver, "t", 4)
+    want = [t.checkpoint["channel_values"] for t in saver.list(_cfg("t"))]
+    # Version 1 again, another value, on the first checkpoint's parent (none).
+    cp = empty_checkpoint()
+    cp["id"] = f"{next(_ids):012}"
+    cp["channel_versions"] = {"messages": 1}
+    cp["channel_values"] = {"messages": [_message(99, True)]}
+    saver.put(_cfg("t"), cp, {}, {"messages": 1})
+    got = [t.checkpoint["channel_values"] for t in _fresh(saver).list(_cfg("t"))]
+    assert [m.id for m in got[0]["messages"]] == ["m99"]
+    assert got[1:4] == want[:3]  # versions 4, 3, 2 as they were
+    assert [m.id for m in got[4]["messages"]] == ["m99"]  # version 1 is the new value
+    assert first
+
+
+def test_an_unhashable_serializer_still_works() -> None:
+    """``delta.codec`` keeps one codec per serializer object in a weak
+    dictionary; one that cannot be a key gets values stored whole."""
+
+    class Unhashable(EncryptedSerializer):
+        __hash__ = None  # type: ignore[assignment]
+
+    saver = KVSaver(":memory:", serde=Unhashable(_Xor()))
+    _chat(saver, "t", 6)
+    assert not any(_kinds(saver, "t"))
+    msgs = saver.get_tuple(_cfg("t")).checkpoint["channel_values"]["messages"]
+    assert [m.id for m in msgs] == [f"m{i}" for i in range(6)]
+
+
+def test_compaction_keeps_chains(tmp_path: Any) -> None:
+    from kvsaver.kv.lmdb_store import compact_lmdb
+
+    path = str(tmp_path / "s")
+    with KVSaver(path) as saver:
+        _chat(saver, "t", 10)
+        assert any(_kinds(saver, "t"))
+        want = [t.checkpoint for t in saver.list(_cfg("t"))]
+    compact_lmdb(path)
+    with KVSaver(path) as saver:
+        assert [t.checkpoint for t in saver.list(_cfg("t"))] == want
+        _chat(saver, "t", 2, start=10, parent=want[0]["id"])
+        msgs = saver.get_tuple(_cfg("t")).checkpoint["channel_values"]["messages"]
+        assert [m.id for m in msgs] == [f"m{i}" for i in range(12)]
