@@ -73,7 +73,11 @@ class _MemTxn:
         return existed
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        return [self.get(k) for k in keys]
+        if self._overlay is not None:
+            return [self.get(k) for k in keys]
+        self._check()  # a reader: one check, then plain lookups (issue #13)
+        get = self._data.get
+        return [get(k) for k in keys]
 
     def scan(
         self,

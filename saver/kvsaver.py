@@ -272,7 +272,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     ) -> CheckpointTuple:
         """A stored checkpoint record -> CheckpointTuple (blobs and writes
         read in the same transaction). Used by get_tuple and list alike."""
-        loads = self.serde.loads_typed
+        loads = C.loader(self.serde)
         thread, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
         checkpoint: Checkpoint = loads(rec.checkpoint)
         values: dict[str, Any] = {}
