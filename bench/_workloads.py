@@ -24,6 +24,7 @@ from kvsaver.kv import MemoryStore
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.base.id import uuid6
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph.message import add_messages
 
@@ -104,11 +105,11 @@ CHANNELS = ["messages"] + [f"field{i}" for i in range(1, 10)]
 NODES = ["agent", "tools", "router"]
 
 
-def message(i: int, chars: int) -> dict[str, Any]:
+def message(i: int, chars: int, seed: int = 0) -> dict[str, Any]:
     return {
         "role": "assistant" if i % 2 else "user",
         "id": f"msg-{i:06d}",
-        "content": text(chars, i),
+        "content": text(chars, i + seed),
     }
 
 
@@ -137,6 +138,8 @@ class ThreadGen:
     field_chars: int = 200
     window: int | None = None
     tag: str | None = None
+    first_messages: int = 1  # messages of the first ("input") checkpoint
+    seed: int = 0  # offsets the text seeds: threads with different content
     step: int = -1
     parent_id: str | None = None
     values: dict[str, Any] = field(default_factory=dict)
@@ -152,14 +155,20 @@ class ThreadGen:
     def next(self) -> PutArgs:
         if self.step == -1:
             changed = list(CHANNELS)
-            self.values["messages"] = [message(0, self.msg_chars)]
-            self.n_msgs = 1
+            self.values["messages"] = [
+                message(i, self.msg_chars, self.seed) for i in range(self.first_messages)
+            ]
+            self.n_msgs = self.first_messages
             for i, ch in enumerate(CHANNELS[1:], 1):
-                self.values[ch] = {"name": ch, "text": text(self.field_chars, 1000 + i), "n": 0}
+                self.values[ch] = {
+                    "name": ch,
+                    "text": text(self.field_chars, 1000 + i + self.seed),
+                    "n": 0,
+                }
             source = "input"
         else:
             changed = ["messages"]
-            msgs = [*self.values["messages"], message(self.n_msgs, self.msg_chars)]
+            msgs = [*self.values["messages"], message(self.n_msgs, self.msg_chars, self.seed)]
             self.n_msgs += 1
             if self.window is not None and len(msgs) > self.window:
                 msgs = msgs[-self.window :]
@@ -169,7 +178,7 @@ class ThreadGen:
                 old = self.values[ch]
                 self.values[ch] = {
                     "name": ch,
-                    "text": text(self.field_chars, 2000 + self.step),
+                    "text": text(self.field_chars, 2000 + self.step + self.seed),
                     "n": old["n"] + 1,
                 }
                 changed.append(ch)
@@ -302,6 +311,79 @@ def build_read_store(name: str, workdir: str) -> ReadStore:
     matches = len(list(saver.list(None, filter={"source": "input", "tag": tag})))
     assert matches == sum(1 for i in range(N_THREADS - 1) if i % N_TAGS == 7), matches
     return ReadStore(name, saver, latest, by_id, tag, matches, time.perf_counter() - t0, n)
+
+
+# -- issue #13's read store: 1,000 threads of ~13 KB checkpoints, 10 channels ------
+
+R13_THREADS = 1_000
+R13_CHECKPOINTS = 10  # per thread: list(limit=10) returns a whole thread
+R13_BY_ID = 5  # get_tuple by id names each thread's 6th checkpoint (with pending writes)
+R13_FILTER = {"source": "input"}  # one per thread: ~1,000 matches
+
+
+@dataclass
+class Store13:
+    name: str
+    saver: BaseCheckpointSaver
+    latest: list[dict[str, Any]]  # per thread: config without checkpoint_id
+    by_id: list[dict[str, Any]]  # per thread: config naming its R13_BY_ID-th checkpoint
+    build_seconds: float
+    checkpoint_bytes: int  # serialized size of one full checkpoint (values + the rest)
+
+
+def populate13(saver: BaseCheckpointSaver, threads: int = R13_THREADS) -> Store13:
+    """Issue #13's store: ``threads`` threads of R13_CHECKPOINTS checkpoints,
+    10 channels of ~13 KB in all (20 messages of 300 characters, a window of
+    20, nine 500-character fields); 3 pending writes on the checkpoint that
+    ``by_id`` names. Written through the saver's own put/put_writes."""
+    latest, by_id = [], []
+    size = 0
+    for i in range(threads):
+        gen = ThreadGen(
+            saver,
+            f"t13-{i:04d}",
+            msg_chars=300,
+            field_chars=500,
+            window=20,
+            first_messages=20,
+            seed=1_000_000 * (i + 1),
+        )
+        for j in range(R13_CHECKPOINTS):
+            a = gen.next()
+            saver.put(a.config, a.checkpoint, a.metadata, a.new_versions)
+            if j == R13_BY_ID:
+                by_id.append(gen.config())
+                saver.put_writes(gen.config(), writes_for(j), task_id(i))
+        if i == 0:
+            plain = JsonPlusSerializer()
+            values = a.checkpoint["channel_values"]
+            rest = {k: v for k, v in a.checkpoint.items() if k != "channel_values"}
+            size = sum(len(plain.dumps_typed(v)[1]) for v in [*values.values(), rest])
+        latest.append({"configurable": {"thread_id": gen.thread_id, "checkpoint_ns": ""}})
+    return Store13(saver.__class__.__name__, saver, latest, by_id, 0.0, size)
+
+
+def build_store13(name: str, workdir: str, threads: int = R13_THREADS) -> Store13:
+    """Build fast (no fsync while building), then reopen with the defaults."""
+    t0 = time.perf_counter()
+    if name == KV_LMDB:
+        builder = make_saver(name, workdir, durability="none")
+        st = populate13(builder, threads)
+        builder.store.sync()  # type: ignore[attr-defined]
+        close_saver(builder)
+        saver = make_saver(name, workdir)
+    elif name == SQLITE:
+        builder = make_saver(name, workdir)
+        builder.setup()  # type: ignore[attr-defined]
+        builder.conn.execute("PRAGMA synchronous=OFF")  # type: ignore[attr-defined]
+        st = populate13(builder, threads)
+        close_saver(builder)
+        saver = make_saver(name, workdir)
+    else:
+        saver = make_saver(name, workdir)
+        st = populate13(saver, threads)
+    st.name, st.saver, st.build_seconds = name, saver, time.perf_counter() - t0
+    return st
 
 
 # -- floors: serialization alone, and a raw py-lmdb commit of the same bytes ---------

@@ -3,6 +3,8 @@
     python bench/report.py            # read bench/results/latest.json
     python bench/report.py --run      # run `pytest bench/ --benchmark-only` first
     python bench/report.py --run -- -k graph   # arguments after -- go to pytest
+    python bench/report.py --run --quick -o /tmp/R.md --json /tmp/r.json
+                                      # a smoke run: smaller workloads, not results
 
 Per workload (pytest-benchmark group): the median per operation of each row
 (a saver, or a floor), its IQR, and its ratio to SqliteSaver in the same run;
@@ -48,6 +50,11 @@ GROUP_ORDER = [
     "paired:get_tuple:latest",
     "paired:get_tuple:by_id",
     "paired:list:limit10",
+    "reads13:get_tuple:latest",
+    "reads13:get_tuple:by_id",
+    "reads13:list:limit10",
+    "reads13:list:filter",
+    "async:32_conversations",
 ]
 WHAT = {
     "put": "one put: 10 channels, 1-2 changed (one a growing list of 300-char messages)",
@@ -145,7 +152,9 @@ def table(header: list[str], rows: list[list[str]], right_from: int = 1) -> list
 def group_tables(groups: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     out = []
     for g in ordered(list(groups), GROUP_ORDER):
-        if g == "concurrency:3r1w" or g.startswith(("floor_paired:", "paired:")):
+        if g in ("concurrency:3r1w", "async:32_conversations") or g.startswith(
+            ("floor_paired:", "paired:", "reads13:")
+        ):
             continue  # one call is a whole run or round; their sections have the numbers
         rows = groups[g]
         ref = per_op(rows[SQL]) if SQL in rows else None
@@ -516,6 +525,157 @@ def targets(groups: dict) -> list[list[str]]:
     return rows
 
 
+def issue13_targets(groups: dict, storage: dict | None) -> list[list[str]]:
+    """Every row of issue #13's table, in its order, with met / not met."""
+    rows: list[list[str]] = []
+
+    def add(what: str, value: float | None, goal: float, at_most: bool, note: str = "") -> None:
+        sign = "<= " if at_most else ">= "
+        if value is None:
+            rows.append([what, "-", f"{sign}{goal}x", "not measured", note])
+            return
+        ok = value <= goal if at_most else value >= goal
+        rows.append([what, f"{value:.3g}x", f"{sign}{goal}x", "met" if ok else "**not met**", note])
+
+    for g, goal, what in (
+        ("get_tuple:latest", 0.7, "get_tuple latest"),
+        ("get_tuple:by_id", 0.7, "get_tuple by id"),
+        ("list:limit10", 0.8, "list limit 10"),
+        ("list:filter", 0.8, "list(None, filter=...) matching ~1,000 checkpoints"),
+    ):
+        ei = (groups.get(f"reads13:{g}", {}).get(PAIRED_ROW) or {}).get("extra_info") or {}
+        us = ei.get("per_op_us") or {}
+        cpu = (ei.get("x_sqlite_cpu") or {}).get(KV)
+        note = ""
+        if us:
+            note = f"{us.get(KV, 0):,.1f} vs {us.get(SQL, 0):,.1f} µs"
+            if cpu is not None:
+                note += f"; CPU time {cpu:.2f}x"
+        add(
+            f"{what} (13 KB store) vs SqliteSaver",
+            (ei.get("x_sqlite") or {}).get(KV),
+            goal,
+            True,
+            note,
+        )
+    g = "concurrency:3r1w"
+    kv, sql = info(groups, g, KV, "reads_per_s"), info(groups, g, SQL, "reads_per_s")
+    add(
+        "3 reader processes + 1 writer: reads/s vs SqliteSaver",
+        ratio(kv, sql),
+        1.5,
+        False,
+        "" if kv is None or sql is None else f"{kv:,.0f} vs {sql:,.0f} /s",
+    )
+    for g, what in (
+        ("graph:loop", "graph agent loop"),
+        ("graph:invokes", "graph, 10 invokes per thread"),
+    ):
+        kv, sql = (info(groups, g, n, "overhead_us_per_superstep") for n in (KV, SQL))
+        add(
+            f"{what}: overhead/superstep, durability full, vs SqliteSaver",
+            ratio(kv, sql),
+            1.0,
+            True,
+            "" if kv is None or sql is None else f"{kv:,.0f} vs {sql:,.0f} µs",
+        )
+    ei = (groups.get("async:32_conversations", {}).get(PAIRED_ROW) or {}).get("extra_info") or {}
+    ov, lag = ei.get("overhead_us_per_superstep") or {}, ei.get("worst_lag_ms") or {}
+    note = ""
+    if ov:
+        note = (
+            f"{ov.get(KV, 0):,.0f} vs {ov.get('async-sqlite', 0):,.0f} µs; worst loop lag "
+            f"{lag.get(KV, 0):,.1f} ms (AsyncSqliteSaver {lag.get('async-sqlite', 0):,.1f}, "
+            f"no checkpointer {lag.get('none', 0):,.1f})"
+        )
+    add(
+        "32 concurrent conversations, ainvoke on one loop: overhead vs AsyncSqliteSaver",
+        ei.get("x_async_sqlite"),
+        0.5,
+        True,
+        note,
+    )
+    g = "concurrency:8_writers"
+    kv, sql = info(groups, g, KV, "ops_per_s"), info(groups, g, SQL, "ops_per_s")
+    add(
+        "8 writer threads, ops/s vs SqliteSaver",
+        ratio(kv, sql),
+        3.0,
+        False,
+        "" if kv is None or sql is None else f"{kv:,.0f} vs {sql:,.0f} /s",
+    )
+    for g in ("graph:loop", "graph:invokes"):
+        kv, mem = (info(groups, g, n, "overhead_us_per_superstep") for n in (KVM, MEM))
+        add(
+            f"CPU: KVSaver(':memory:') {g} overhead vs InMemorySaver's",
+            ratio(kv, mem),
+            1.3,
+            True,
+            "" if kv is None or mem is None else f"{kv:,.0f} vs {mem:,.0f} µs",
+        )
+    bytes_ratio = ((storage or {}).get("bytes_ratio_vs_sqlite") or {}).get("kv")
+    add(
+        "no regression: bytes on disk vs SqliteSaver (bench/bench_storage.py)",
+        bytes_ratio,
+        0.3,
+        True,
+        "from bench/results/storage.json"
+        if bytes_ratio is not None
+        else "run python bench/bench_storage.py",
+    )
+    for g in ("put", "put_writes"):
+        add(
+            f"no regression: {g} vs its floor, paired rounds",
+            info(groups, f"floor_paired:{g}", KV, "x_floor"),
+            1.15,
+            True,
+        )
+    return rows
+
+
+def reads13_section(groups: dict) -> list[str]:
+    body = []
+    for g in ("get_tuple:latest", "get_tuple:by_id", "list:limit10", "list:filter"):
+        b = groups.get(f"reads13:{g}", {}).get(PAIRED_ROW)
+        if b is None:
+            continue
+        ei = b.get("extra_info") or {}
+        us, cpu = ei.get("per_op_us") or {}, ei.get("cpu_per_op_us") or {}
+        x, xc = ei.get("x_sqlite") or {}, ei.get("x_sqlite_cpu") or {}
+        for n in ordered(list(us), ROW_ORDER):
+            body.append(
+                [
+                    g,
+                    n,
+                    f"{us[n]:,.1f} µs",
+                    fmt_ratio(x.get(n)),
+                    f"{cpu.get(n, 0):,.1f} µs",
+                    fmt_ratio(xc.get(n)),
+                    str(ei.get("rounds")),
+                ]
+            )
+    if not body:
+        return []
+    any_ei = next(iter(groups.get("reads13:get_tuple:latest", {}).values()), {})
+    ei = any_ei.get("extra_info") or {}
+    return [
+        "",
+        "### Issue #13's read store: 1,000 threads of ~13 KB, 10-channel checkpoints",
+        "",
+        f"`bench/bench_reads13.py`: {ei.get('threads', '?')} threads of 10 checkpoints "
+        f"(a full checkpoint serializes to {ei.get('checkpoint_bytes', 0):,} bytes), "
+        "different text in every thread; each call reads another thread, so no cache "
+        "helps. KVSaver and SqliteSaver in the same rounds, rotating order; x = median "
+        "of per-round ratios, on wall-clock time and on the thread's CPU time.",
+        "",
+        *table(
+            ["workload", "row", "wall / op", "x SqliteSaver", "CPU / op", "x (CPU)", "rounds"],
+            body,
+            right_from=2,
+        ),
+    ]
+
+
 def machine_section(data: dict) -> list[str]:
     mi = data.get("machine_info", {})
     kb = mi.get("kvsaver_bench", {})
@@ -563,7 +723,7 @@ METHOD = """\
 - Raw data: bench/results/latest.json (pytest-benchmark JSON; extra_info per row)."""
 
 
-def render(data: dict) -> str:
+def render(data: dict, storage: dict | None = None) -> str:
     groups = by_group(data)
     out = [
         "# Benchmarks (issue #6)",
@@ -578,13 +738,21 @@ def render(data: dict) -> str:
         "",
         METHOD,
         "",
-        "Where KVSaver's time goes: bench/results/PROFILE.md (`python bench/profile_kvsaver.py`).",
+        "Where KVSaver's time goes: bench/results/PROFILE.md (`python bench/profile_kvsaver.py`);",
+        "issue #13's read path: bench/results/PROFILE13.md (`python bench/profile_reads13.py`).",
         "",
-        "## Targets (KVSaver on LMDB, ratios in this run)",
+        "## Issue #13 targets (KVSaver on LMDB, ratios in this run)",
+        "",
+        *table(
+            ["target", "measured", "goal", "status", "figures"], issue13_targets(groups, storage)
+        ),
+        "",
+        "## Issue #6 targets",
         "",
         *table(["target", "measured", "goal", "status"], targets(groups)),
         *floors_section(groups),
         *paired_section(groups),
+        *reads13_section(groups),
         *graph_section(groups),
         *concurrency_section(groups),
         *long_section(groups),
@@ -624,14 +792,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=os.path.join(RESULTS, "latest.json"), help="input")
     ap.add_argument("-o", "--output", default=os.path.join(RESULTS, "RESULTS.md"))
     ap.add_argument("--run", action="store_true", help="run the benchmark suite first")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="with --run: KVSAVER_BENCH_QUICK=1 (smaller workloads where a suite has them)",
+    )
     args = ap.parse_args(argv)
     if args.run:
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        if args.quick:
+            os.environ["KVSAVER_BENCH_QUICK"] = "1"
         rc = run_suite(os.path.abspath(args.json), extra)
         if rc != 0:
             print("the suite failed; writing the report of what was measured", file=sys.stderr)
     data = load(args.json)
-    text = render(data)
+    storage_json = os.path.join(RESULTS, "storage.json")
+    storage = load(storage_json) if os.path.exists(storage_json) else None
+    text = render(data, storage)
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     with open(args.output, "w") as f:
         f.write(text)

@@ -474,6 +474,16 @@ class _Env:
                     raise
         return self._ready(self.env.begin(write=write, buffers=False), write)
 
+    def begin_read(self) -> lmdb.Transaction:
+        """``begin(write=False)``, its common case first: every read comes here."""
+        try:
+            txn = self.env.begin(buffers=False)
+        except (lmdb.MapResizedError, lmdb.ReadersFullError):
+            return self.begin(write=False)
+        if self.env.info()["last_txnid"] <= txn.id():
+            return txn  # no commit newer than ours: settled (see _settled)
+        return self._settled(txn)
+
     def _ready(self, txn: lmdb.Transaction, write: bool) -> lmdb.Transaction:
         if not write:
             return self._settled(txn)
@@ -735,14 +745,17 @@ class _ReadContext:
         self._store = store
 
     def __enter__(self) -> _LMDBTxn:
-        env = self._env = self._store._check_open()
+        store = self._store
+        env = self._env = store._env
+        if store._closed or env.pid != os.getpid():
+            store._check_open()
         env.gate.acquire_shared()
         try:
-            self._txn = env.begin(write=False)
+            self._txn = env.begin_read()
         except BaseException:
             env.gate.release_shared()
             raise
-        return _LMDBTxn(self._store, env, self._txn, write=False)
+        return _LMDBTxn(store, env, self._txn, write=False)
 
     def __exit__(self, *exc: object) -> None:
         try:

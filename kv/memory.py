@@ -9,6 +9,7 @@ read transaction is a true snapshot and a lazy scan never sees a later commit.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -39,12 +40,30 @@ def _irange(d: SortedDict, start: bytes | None, stop: bytes | None, reverse: boo
 
 
 class _MemTxn:
-    """A transaction over one version; ``overlay`` is None for readers."""
+    """A transaction over one version; ``overlay`` is None for readers.
 
-    def __init__(self, data: SortedDict, overlay: SortedDict | None) -> None:
+    The overlay is a plain dict (a write of a checkpoint puts a dozen keys and
+    rarely scans): its keys are sorted only when a scan needs them, and that
+    order is kept until the next new key."""
+
+    def __init__(self, data: SortedDict, overlay: dict[bytes, Any] | None) -> None:
         self._data = data
         self._overlay = overlay
         self._open = True
+        self._order: list[bytes] | None = None  # sorted overlay keys, see _sorted()
+
+    def _sorted(self) -> list[bytes]:
+        if self._order is None:
+            assert self._overlay is not None
+            self._order = sorted(self._overlay)
+        return self._order
+
+    def _set(self, key: bytes, value: Any) -> None:
+        overlay = self._overlay
+        assert overlay is not None
+        if self._order is not None and key not in overlay:
+            self._order = None
+        overlay[key] = value
 
     def _check(self, write: bool = False) -> None:
         if not self._open:
@@ -61,19 +80,21 @@ class _MemTxn:
 
     def put(self, key: bytes, value: bytes) -> None:
         self._check(write=True)
-        assert self._overlay is not None
-        self._overlay[bytes(key)] = bytes(value)
+        self._set(bytes(key), bytes(value))
 
     def delete(self, key: bytes) -> bool:
         self._check(write=True)
-        assert self._overlay is not None
         existed = self.get(key) is not None
         if existed:
-            self._overlay[bytes(key)] = _TOMB
+            self._set(bytes(key), _TOMB)
         return existed
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        return [self.get(k) for k in keys]
+        if self._overlay is not None:
+            return [self.get(k) for k in keys]
+        self._check()  # a reader: one check, then plain lookups (issue #13)
+        get = self._data.get
+        return [get(k) for k in keys]
 
     def scan(
         self,
@@ -108,7 +129,11 @@ class _MemTxn:
         assert overlay is not None
         data = self._data
         base_it = iter(_irange(data, start, stop, reverse))
-        over_it = iter(_irange(overlay, start, stop, reverse))
+        order = self._sorted()
+        lo = 0 if start is None else bisect.bisect_left(order, start)
+        hi = len(order) if stop is None else bisect.bisect_left(order, stop)
+        # A snapshot of the keys: the caller may write while it iterates.
+        over_it = iter(order[lo:hi][::-1] if reverse else order[lo:hi])
         b = next(base_it, None)
         o = next(over_it, None)
         while b is not None or o is not None:
@@ -126,9 +151,8 @@ class _MemTxn:
     def delete_range(self, start: bytes | None, stop: bytes | None) -> int:
         self._check(write=True)
         keys = [k for k, _ in self.scan(start, stop)]
-        assert self._overlay is not None
         for k in keys:
-            self._overlay[k] = _TOMB
+            self._set(k, _TOMB)
         return len(keys)
 
 
@@ -177,7 +201,7 @@ class MemoryStore:
         with self._write_lock:
             self._writer = threading.get_ident()
             try:
-                overlay: SortedDict = SortedDict()
+                overlay: dict[bytes, Any] = {}
                 txn = _MemTxn(self._current.data, overlay)
                 try:
                     yield txn
@@ -188,7 +212,7 @@ class MemoryStore:
             finally:
                 self._writer = None
 
-    def _commit(self, txn: _MemTxn, overlay: SortedDict) -> None:
+    def _commit(self, txn: _MemTxn, overlay: dict[bytes, Any]) -> None:
         self._persist(txn._merged(None, None, False))
         with self._lock:
             version = self._current

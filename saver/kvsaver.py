@@ -2,7 +2,9 @@
 
 Uses only the ``Store`` protocol and the key/record formats of
 ``saver.schema``. Async methods run the sync code in a worker thread, so a
-disk sync never blocks the event loop and no method body is written twice.
+disk sync never blocks the event loop and no method body is written twice;
+``aget_tuple`` on an LMDB or memory store runs on the loop itself (its
+reads never wait for a sync or a writer).
 """
 
 from __future__ import annotations
@@ -189,6 +191,9 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             )
         else:
             raise ValueError(f"unknown backend {backend!r}; choose 'lmdb' or 'file'")
+        # Reads that never wait on a disk sync or a writer (a memory-mapped
+        # LMDB file, memory): aget_tuple runs them on the event loop itself.
+        self._inline_reads = isinstance(self.store, (LMDBStore, MemoryStore))
         try:
             self._check_schema()
         except BaseException:
@@ -273,7 +278,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     ) -> CheckpointTuple:
         """A stored checkpoint record -> CheckpointTuple (blobs and writes
         read in the same transaction). Used by get_tuple and list alike."""
-        loads = self.serde.loads_typed
+        loads = C.loader(self.serde)
         blob = D.codec(self.serde).typed  # whole or delta (issue #15)
         thread, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
         checkpoint: Checkpoint = loads(rec.checkpoint)
@@ -727,6 +732,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         return await loop.run_in_executor(None, functools.partial(fn, *args, **kwargs))
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """``get_tuple`` on the event loop when the store's reads cannot block
+        it (LMDB, memory: a read never waits for a writer nor for the disk's
+        syncs, and costs less than the hop to a worker thread and back, which
+        under a busy GIL can take milliseconds); else in a worker thread."""
+        if self._inline_reads:
+            return self.get_tuple(config)
         return await self._run(self.get_tuple, config)
 
     async def alist(

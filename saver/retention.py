@@ -64,6 +64,7 @@ class KVSaver(Protocol):
     clock: Callable[[], float]
     retention: Retention | None
 
+
 __all__ = ["Retention", "SweepReport"]
 
 logger = logging.getLogger(__name__)

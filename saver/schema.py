@@ -157,8 +157,25 @@ def _ver(v: str | int | float) -> str | bytes | int | float:
 # -- keys -------------------------------------------------------------------
 
 
+def _thread_ns_prefix(kind: str, thread: str, ns: str) -> bytes:
+    """``pack((kind, k(thread), k(ns)))``, memoized: every read of a thread's
+    checkpoint packs it for the checkpoint and blob keyspaces (a packed
+    tuple is its elements' encodings, concatenated)."""
+    mark = (kind, thread, ns)
+    prefix = _TN_CACHE.get(mark)
+    if prefix is None:
+        prefix = pack((kind, k(thread), k(ns)))
+        if len(_TN_CACHE) >= 16384:
+            _TN_CACHE.clear()
+        _TN_CACHE[mark] = prefix
+    return prefix
+
+
+_TN_CACHE: dict[tuple[str, str, str], bytes] = {}
+
+
 def checkpoint_key(thread: str, ns: str, checkpoint_id: str) -> bytes:
-    return pack((CHECKPOINT, k(thread), k(ns), k(checkpoint_id)))
+    return _thread_ns_prefix(CHECKPOINT, thread, ns) + pack((k(checkpoint_id),))
 
 
 def checkpoint_key_from_elements(kt: Any, kns: Any, kcid: Any) -> bytes:
@@ -168,7 +185,8 @@ def checkpoint_key_from_elements(kt: Any, kns: Any, kcid: Any) -> bytes:
 def checkpoints_range(thread: str, ns: str | None = None) -> tuple[bytes, bytes]:
     if ns is None:
         return prefix_range((CHECKPOINT, k(thread)))
-    return prefix_range((CHECKPOINT, k(thread), k(ns)))
+    prefix = _thread_ns_prefix(CHECKPOINT, thread, ns)
+    return prefix + b"\x00", prefix + b"\xff"  # as prefix_range
 
 
 def blob_key(thread: str, ns: str, channel: str, version: str | int | float) -> bytes:
@@ -179,7 +197,7 @@ def blob_keys(thread: str, ns: str, versions: Mapping[str, Any]) -> list[tuple[s
     """(channel, blob key) for every channel of a checkpoint's versions: the
     (thread, ns) prefix is packed once (packing is concatenation, element by
     element), since every read of a checkpoint keys all its channels."""
-    prefix = pack((BLOB, k(thread), k(ns)))
+    prefix = _thread_ns_prefix(BLOB, thread, ns)
     out = []
     for ch, v in versions.items():
         mark = (ch, type(v), v)  # 1 == 1.0 == True, but their encodings differ

@@ -211,3 +211,61 @@ def test_500_concurrent_aput_do_not_block_the_loop(tmp_path: Path, disk: Path | 
     finally:
         saver.close()
         blocking.close()
+
+
+def _checkpoint() -> Any:
+    from langgraph.checkpoint.base import empty_checkpoint
+    from langgraph.checkpoint.base.id import uuid6
+
+    cp = empty_checkpoint()
+    cp["id"] = str(uuid6())
+    return cp
+
+
+class _ThreadRecordingStore:
+    """A Store that forwards to another and records the thread of each read."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.readonly = inner.readonly
+        self.read_threads: list[int] = []
+
+    def read(self) -> Any:
+        self.read_threads.append(threading.get_ident())
+        return self.inner.read()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "memory"])
+def test_aget_tuple_reads_on_the_loop_only_where_reads_cannot_block(
+    tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #13: LMDB and memory reads never wait for a sync or a writer, so
+    aget_tuple serves them on the event loop (no hop to a worker thread and
+    back); any other store's reads still go to a worker thread."""
+    from kvsaver.kv import LMDBStore, MemoryStore
+
+    def make() -> Any:
+        return LMDBStore(tmp_path / "s") if backend == "lmdb" else MemoryStore()
+
+    cfg = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+
+    async def main(saver: KVSaver, store: Any) -> tuple[int, list[int]]:
+        await saver.aput(cfg, _checkpoint(), {"source": "input", "step": -1}, {})
+        store.read_threads.clear()
+        assert await saver.aget_tuple(cfg) is not None
+        return threading.get_ident(), list(store.read_threads)
+
+    inner = make()
+    recording = _ThreadRecordingStore(inner)
+    saver = KVSaver(inner)
+    monkeypatch.setattr(saver, "store", recording)  # saver still knows it is LMDB/memory
+    loop_thread, threads = asyncio.run(main(saver, recording))
+    assert threads == [loop_thread]
+
+    other = KVSaver(_ThreadRecordingStore(make()))  # an unknown Store: a worker thread
+    loop_thread, threads = asyncio.run(main(other, other.store))
+    assert threads and loop_thread not in threads
+    inner.close()

@@ -309,7 +309,7 @@ def test_with_allowlist_reaches_the_serializer_inside(tmp_path: Any, encrypted: 
         if encrypted
         else inner
     )
-    value = Custom("x" * 2000, 7)  # above the threshold: stored compressed
+    value = Custom("x" * 5000, 7)  # above the threshold: stored compressed
     with KVSaver(str(tmp_path / "s"), serde=serde) as saver:
         put(saver, "t", {"v": value})
         assert stored_blobs(saver)["v"][0].startswith("msgpack.zst")
@@ -365,3 +365,50 @@ def test_strict_msgpack_graph_allowlist_reaches_compressed_values() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["HumanMessage Note", "HumanMessage Note"]
+
+
+# -- loader(): the read path's one-call loads (issue #13) ------------------------------
+
+
+def _values() -> list[Any]:
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    return [
+        None,
+        b"raw bytes",
+        bytearray(b"ba"),
+        7,
+        {"a": [1, 2.5, "x"], 3: "non-str key"},
+        words(20),
+        words(2000),  # compressed
+        [HumanMessage(content=words(50, 1)), AIMessage(content=words(400, 2))],
+        {"n": 1, "when": __import__("datetime").datetime(2026, 1, 2, 3, 4, 5)},
+        Custom(words(600, 3), 7),
+    ]
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_loader_loads_what_loads_typed_loads(strict: bool) -> None:
+    serde = CompressingSerializer(_strict() if strict else JsonPlusSerializer())
+    fast = C.loader(serde)
+    assert fast != serde.loads_typed  # the fast path is taken for the default stack
+    kinds = set()
+    for value in _values():
+        typed = serde.dumps_typed(value)
+        kinds.add(typed[0])
+        assert repr(fast(typed)) == repr(serde.loads_typed(typed)), typed[0]
+    assert {"msgpack", "msgpack.zst", "null", "bytes", "bytearray"} <= kinds
+    if strict:  # the allowlist still applies: Custom comes back as plain data
+        assert not isinstance(fast(serde.dumps_typed(Custom("x", 1))), Custom)
+    # a derived allowlist gets its own fast path, with its own ext hook
+    allowed = C.with_msgpack_allowlist(serde, [(Custom.__module__, Custom.__name__)])
+    assert C.loader(allowed)(allowed.dumps_typed(Custom("x", 1))) == Custom("x", 1)
+
+
+def test_loader_of_other_serializers_is_their_loads_typed() -> None:
+    class Sub(JsonPlusSerializer):
+        pass
+
+    enc = C.wrap(EncryptedSerializer.from_pycryptodome_aes(key=KEY))
+    for serde in (JsonPlusSerializer(), CompressingSerializer(Sub()), enc):
+        assert C.loader(serde) == serde.loads_typed

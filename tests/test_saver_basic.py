@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kvsaver import KVSaver
 from kvsaver import schema as S
-from kvsaver.kv.keys import unpack
+from kvsaver.kv.keys import pack, prefix_range, unpack
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import WRITES_IDX_MAP, BaseCheckpointSaver, writes_sort_key
 from langgraph.checkpoint.base.id import uuid6
@@ -786,3 +786,21 @@ def test_index_keys_are_the_keys_of_each_index(
         expected.append(S.run_key(run, thread, ns, cid))
     expected += [S.meta_key(e, cid, thread, ns) for e in rec.meta]
     assert S.index_keys(rec) == expected
+
+
+@given(thread=_ids, ns=_ids, cid=_ids, channels=st.lists(_ids, max_size=4))
+def test_memoized_checkpoint_and_blob_keys_are_the_packed_tuples(
+    thread: str, ns: str, cid: str, channels: list[str]
+) -> None:
+    # Issue #13: the (keyspace, thread, ns) prefix is packed once and reused.
+    for _ in range(2):  # the second time from the memo
+        assert S.checkpoint_key(thread, ns, cid) == pack(
+            (S.CHECKPOINT, S.k(thread), S.k(ns), S.k(cid))
+        )
+        assert S.checkpoints_range(thread, ns) == prefix_range(
+            (S.CHECKPOINT, S.k(thread), S.k(ns))
+        )
+        versions = {ch: cid for ch in channels}
+        assert S.blob_keys(thread, ns, versions) == [
+            (ch, S.blob_key(thread, ns, ch, cid)) for ch in versions
+        ]

@@ -1,0 +1,114 @@
+"""Issue #13's read workloads: a store of 1,000 threads of ~13 KB, 10-channel
+checkpoints (bench/_workloads.py, ``build_store13``), every saver timed in the
+same rounds, in an order that rotates every round.
+
+Groups (one call = one round; the numbers are in extra_info):
+  reads13:get_tuple:latest   get_tuple of a thread's latest checkpoint, a
+                             different thread at each call (cold: no thread is
+                             read twice within 1,000 calls, so no cache helps)
+  reads13:get_tuple:by_id    get_tuple of a thread's 6th checkpoint, which has
+                             3 pending writes
+  reads13:list:limit10       list(thread, limit=10): a whole thread
+  reads13:list:filter        list(None, filter={"source": "input"}): one
+                             checkpoint per thread, ~1,000 in all
+
+extra_info, per saver: the median per operation over rounds (wall clock and
+CPU time of the thread), and the median over rounds of the per-round ratio to
+SqliteSaver (``x_sqlite``, wall; ``x_sqlite_cpu``, CPU): the report's targets
+use ``x_sqlite``. ``KVSAVER_BENCH_QUICK=1`` builds 100 threads instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from _workloads import (
+    KV_LMDB,
+    R13_FILTER,
+    R13_THREADS,
+    SQLITE,
+    Store13,
+    build_store13,
+    close_saver,
+    label,
+    median,
+    rotated,
+)
+
+QUICK = bool(os.environ.get("KVSAVER_BENCH_QUICK"))
+THREADS = 100 if QUICK else R13_THREADS
+SAVERS13 = [KV_LMDB, SQLITE]
+# workload: (one operation on call number i, operations per saver per round, rounds)
+WORKLOADS: dict[str, tuple[Callable[[Store13, int], Any], int, int]] = {
+    "get_tuple:latest": (lambda st, i: st.saver.get_tuple(st.latest[i % len(st.latest)]), 25, 30),
+    "get_tuple:by_id": (lambda st, i: st.saver.get_tuple(st.by_id[i % len(st.by_id)]), 25, 30),
+    "list:limit10": (
+        lambda st, i: list(st.saver.list(st.latest[i % len(st.latest)], limit=10)),
+        3,
+        30,
+    ),
+    "list:filter": (
+        lambda st, i: list(st.saver.list(None, filter=R13_FILTER)),
+        1,
+        6 if QUICK else 8,
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def stores13(tmp_path_factory: Any) -> Any:
+    dirs = {name: str(tmp_path_factory.mktemp(f"r13-{name}")) for name in SAVERS13}
+    built = {name: build_store13(name, d, THREADS) for name, d in dirs.items()}
+    yield built
+    for name, st in built.items():
+        close_saver(st.saver)
+        shutil.rmtree(dirs[name], ignore_errors=True)
+
+
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+def test_reads13(benchmark: Any, stores13: dict[str, Store13], workload: str) -> None:
+    op, n, rounds = WORKLOADS[workload]
+    names = list(stores13)
+    wall: dict[str, list[float]] = {name: [] for name in names}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    counter = itertools.count()
+    calls = {name: itertools.count() for name in names}  # each saver walks the threads
+
+    def one_round(r: int) -> None:
+        for name in rotated(names, r):
+            st = stores13[name]
+            first = next(calls[name]) * n
+            w0, c0 = time.perf_counter(), time.thread_time()
+            for i in range(first, first + n):
+                op(st, i)
+            w, c = time.perf_counter() - w0, time.thread_time() - c0
+            if r > 0:  # round 0 is the warm-up
+                wall[name].append(w / n)
+                cpu[name].append(c / n)
+
+    label(benchmark, f"reads13:{workload}", "all savers", 1)
+    benchmark.pedantic(one_round, setup=lambda: ((next(counter),), {}), rounds=rounds + 1)
+    if workload == "list:filter":
+        got = len(list(stores13[KV_LMDB].saver.list(None, filter=R13_FILTER)))
+        assert got == THREADS, got
+    st = stores13[KV_LMDB]
+    benchmark.extra_info.update(
+        threads=THREADS,
+        rounds=rounds,
+        ops_per_saver_per_round=n,
+        checkpoint_bytes=st.checkpoint_bytes,
+        per_op_us={k: round(median(v) * 1e6, 1) for k, v in wall.items()},
+        cpu_per_op_us={k: round(median(v) * 1e6, 1) for k, v in cpu.items()},
+        x_sqlite={k: _x(v, wall[SQLITE]) for k, v in wall.items()},
+        x_sqlite_cpu={k: _x(v, cpu[SQLITE]) for k, v in cpu.items()},
+    )
+
+
+def _x(times: list[float], ref: list[float]) -> float:
+    return round(median([a / b for a, b in zip(times, ref) if b > 0]), 3)
