@@ -313,6 +313,30 @@ class _Source:
             (thread, ns, checkpoint_id),
         ).fetchall()
 
+    def pickled(self) -> Iterator[tuple[str, str, tuple[str, bytes]]]:
+        """("checkpoint" or "write", where, typed value) of every value stored
+        as type "pickle" (a serializer's ``pickle_fallback``)."""
+        for t, ns, cid, ctype, cbytes in self.conn.execute(
+            "SELECT thread_id, checkpoint_ns, checkpoint_id, type, checkpoint FROM checkpoints "
+            "WHERE type = 'pickle'"
+        ):
+            yield "checkpoint", _describe(str(t), str(ns or ""), str(cid)), (ctype, cbytes)
+        if not self.has_writes:
+            return
+        for t, ns, cid, task_id, channel, wtype, wvalue in self.conn.execute(
+            "SELECT thread_id, checkpoint_ns, checkpoint_id, task_id, channel, type, value "
+            "FROM writes WHERE type = 'pickle'"
+        ):
+            where = _describe(str(t), str(ns or ""), str(cid))
+            yield (
+                "write",
+                f"{where}, pending write of task {task_id!r} to {channel!r}",
+                (
+                    wtype,
+                    wvalue,
+                ),
+            )
+
     def has_checkpoint(self, thread: str, ns: str, checkpoint_id: str) -> bool:
         return (
             self.conn.execute(
@@ -382,6 +406,36 @@ def _raw_copy_limit(src: SerializerProtocol, dst: SerializerProtocol) -> float:
         # exactly as JsonPlusSerializer made them; larger ones get compressed.
         return math.inf if dst.threshold is None else dst.threshold
     return 0
+
+
+def _check_pickled(src: _Source, source: SerializerProtocol, dest: SerializerProtocol) -> None:
+    """Refuse up front, before anything is copied, a source whose pickled
+    values (type "pickle", from a serializer's ``pickle_fallback``) cannot be
+    read with ``source`` or encoded by ``dest``. Those that pass are decoded
+    and re-encoded by the copy, never copied as they are (issue #11: they
+    were, and the destination could not read them back)."""
+    for kind, where, typed in src.pickled():
+        try:
+            value = source.loads_typed(typed)
+        except Exception as e:
+            raise MigrationError(
+                f"{where}: the {kind} was stored pickled (type 'pickle', a serializer's "
+                f"pickle_fallback) and the source serializer does not read pickles ({e!r}). "
+                "If you trust this database, pass "
+                "source_serde=JsonPlusSerializer(pickle_fallback=True); nothing was copied"
+            ) from None
+        try:
+            if kind == "checkpoint" and isinstance(value, dict):
+                for channel_value in (value.pop("channel_values", None) or {}).values():
+                    dest.dumps_typed(channel_value)
+            dest.dumps_typed(value)
+        except Exception as e:
+            raise MigrationError(
+                f"{where}: the {kind} was stored pickled (type 'pickle', a serializer's "
+                f"pickle_fallback) and the destination's serializer cannot encode it ({e!r}); "
+                "KVSaver's default serializer never pickles. Make the value serializable, "
+                "or give the destination a serializer that can store it; nothing was copied"
+            ) from None
 
 
 def _first_foreign(store: Any, is_ours: Callable[[str, str, str], bool]) -> str | None:
@@ -484,6 +538,11 @@ def migrate_from_sqlite(
                 foreign = _first_foreign(saver.store, src.has_checkpoint)
                 if foreign is not None:
                     raise _refuse(stats.dest, src.path, foreign)
+            _check_pickled(
+                src,
+                source_serde or JsonPlusSerializer(),
+                saver.serde if saver is not None else JsonPlusSerializer(),
+            )
             started = time.perf_counter()
             try:
                 _copy_sqlite(src, saver, stats, dry_run, batch_size, source_serde, progress)
@@ -590,7 +649,7 @@ def _copy_sqlite(
                     stats.writes_copied += 1
                     if dry_run:
                         continue
-                    if wvalue is not None and len(wvalue) < raw_limit:
+                    if wvalue is not None and len(wvalue) < raw_limit and wtype != "pickle":
                         value = (wtype, wvalue)  # the bytes dumps() would make again
                     else:
                         value = dumps(loads((wtype, wvalue)))

@@ -29,6 +29,8 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.base.id import uuid6
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.checkpoint.sqlite import SqliteSaver
 from migrate_helpers import (
     ROOT,
     build_synthetic_sqlite,
@@ -465,6 +467,72 @@ def test_encrypted_destination_reencodes(graphs_db, tmp_path):
     with KVSaver(str(tmp_path / "state")) as plain:  # without the key nothing decodes
         with pytest.raises(NotImplementedError, match=r"type: msgpack(\.zst)?\+aes"):
             list(plain.list(None))
+
+
+def _pickled_source(path: str, *, checkpoint: bool = True) -> int:
+    """A real SqliteSaver with pickle_fallback=True, holding an int too large
+    for msgpack (so it falls back to pickle) as a small pending write, and
+    (``checkpoint``) a whole checkpoint that had to be pickled. Returns the int."""
+    big = 2**70 + 3
+    saver = SqliteSaver(
+        sqlite3.connect(path, check_same_thread=False),
+        serde=JsonPlusSerializer(pickle_fallback=True),
+    )
+    v = {"n": saver.get_next_version(None, None)}
+    plain = empty_checkpoint()
+    plain["channel_values"], plain["channel_versions"] = {"n": 1}, dict(v)
+    saved = saver.put({"configurable": {"thread_id": "t", "checkpoint_ns": ""}}, plain, {}, v)
+    saver.put_writes(saved, [("n", big)], "task-1")
+    if checkpoint:
+        v2 = {"n": saver.get_next_version(v["n"], None)}
+        pickled = empty_checkpoint()
+        pickled["channel_values"], pickled["channel_versions"] = {"n": big}, dict(v2)
+        saver.put(saved, pickled, {}, v2)
+    q = saver.conn.execute
+    assert [r[0] for r in q("SELECT type FROM writes")] == ["pickle"]  # by SqliteSaver itself
+    expected = ["msgpack", "pickle"] if checkpoint else ["msgpack"]
+    assert sorted(r[0] for r in q("SELECT type FROM checkpoints")) == expected
+    saver.conn.close()
+    return big
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["write", "write+checkpoint"])
+@pytest.mark.parametrize("verify_", [True, False])
+def test_pickled_source_values_are_refused_up_front(tmp_path, verify_, checkpoint):
+    """Issue #11: small pickled writes were copied as they were, type "pickle",
+    which KVSaver cannot read: verify=False reported success, verify=True
+    ended in an uncaught NotImplementedError."""
+    source = str(tmp_path / "pickled.sqlite")
+    _pickled_source(source, checkpoint=checkpoint)
+    dest = str(tmp_path / "state")
+    with pytest.raises(MigrationError, match="pickle") as info:
+        migrate_from_sqlite(
+            source,
+            dest,
+            verify=verify_,
+            source_serde=JsonPlusSerializer(pickle_fallback=True),
+        )
+    assert "nothing was copied" in str(info.value) and "thread 't'" in str(info.value)
+    with KVSaver(dest) as kv:
+        assert checkpoint_count(kv.store) == 0
+    # Without a source serializer that reads pickles: refused as well, saying how.
+    with pytest.raises(MigrationError, match="pickle_fallback=True"):
+        migrate_from_sqlite(source, dest, verify=verify_)
+
+
+def test_pickled_source_values_are_reencoded_for_the_destination(tmp_path):
+    """A destination whose serializer can store the value gets it re-encoded
+    by that serializer (not the source's bytes), and reads it back."""
+    source = str(tmp_path / "pickled.sqlite")
+    big = _pickled_source(source)
+    with KVSaver(str(tmp_path / "state"), serde=JsonPlusSerializer(pickle_fallback=True)) as kv:
+        stats = migrate_from_sqlite(
+            source, kv, source_serde=JsonPlusSerializer(pickle_fallback=True)
+        )
+        assert stats.verified == stats.checkpoints == 2
+        tuples = list(kv.list({"configurable": {"thread_id": "t"}}))
+        assert tuples[0].checkpoint["channel_values"] == {"n": big}
+        assert tuples[1].pending_writes == [("task-1", "n", big)]
 
 
 # -- copy_all through public methods (no server needed) -------------------------------
