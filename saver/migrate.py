@@ -60,10 +60,12 @@ import json
 import math
 import os
 import reprlib
+import signal
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,6 +178,49 @@ class MigrationStats:
     def rate(self) -> float:
         """Checkpoints copied per second."""
         return self.checkpoints_copied / self.seconds if self.seconds > 0 else 0.0
+
+
+# -- Ctrl-C ----------------------------------------------------------------------------
+
+
+@contextmanager
+def _interrupts() -> Iterator[Callable[[], bool]]:
+    """Yields ``interrupted()``: whether Ctrl-C (SIGINT) came meanwhile.
+
+    Decoding can swallow a KeyboardInterrupt (issue #11): LangGraph's msgpack
+    ``ext_hook`` (and ours, ``_keep_ext``) runs inside ormsgpack, which
+    replaces any exception raised in a hook, KeyboardInterrupt included, by
+    ``ValueError('ext_hook failed')``; LangGraph's hook may then catch that
+    in a nested value and decode it to a fallback value. So while a migration
+    runs, SIGINT is also recorded here (in the main thread; the previous
+    handler still runs), a batch commits only if none came, and an exception
+    that ends the migration after one is raised as the KeyboardInterrupt it
+    was, as is a migration that finished anyway.
+    """
+    hits: list[int] = []
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if main else None
+    if not callable(previous):  # another thread, or SIGINT ignored or not from Python
+        yield lambda: False
+        return
+
+    def record(signum: int, frame: Any) -> None:
+        hits.append(signum)
+        previous(signum, frame)
+
+    signal.signal(signal.SIGINT, record)
+    try:
+        yield lambda: bool(hits)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:
+        if hits:
+            raise KeyboardInterrupt() from e
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if hits:
+        raise KeyboardInterrupt()
 
 
 # -- the SQLite source ------------------------------------------------------------
@@ -518,6 +563,36 @@ def migrate_from_sqlite(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    with _interrupts() as interrupted:
+        return _migrate_from_sqlite(
+            source,
+            dest,
+            merge=merge,
+            dry_run=dry_run,
+            verify=verify,
+            batch_size=batch_size,
+            source_serde=source_serde,
+            check_source=check_source,
+            progress=progress,
+            dest_options=dest_options,
+            interrupted=interrupted,
+        )
+
+
+def _migrate_from_sqlite(
+    source: str | os.PathLike[str],
+    dest: KVSaver | str | os.PathLike[str],
+    *,
+    merge: bool,
+    dry_run: bool,
+    verify: bool,
+    batch_size: int,
+    source_serde: SerializerProtocol | None,
+    check_source: bool,
+    progress: ProgressFn | None,
+    dest_options: Mapping[str, Any] | None,
+    interrupted: Callable[[], bool],
+) -> MigrationStats:
     src = _Source(source, check=check_source)
     stats = MigrationStats(
         source=src.path,
@@ -545,7 +620,9 @@ def migrate_from_sqlite(
             )
             started = time.perf_counter()
             try:
-                _copy_sqlite(src, saver, stats, dry_run, batch_size, source_serde, progress)
+                _copy_sqlite(
+                    src, saver, stats, dry_run, batch_size, source_serde, progress, interrupted
+                )
             except sqlite3.DatabaseError as e:
                 raise MigrationError(
                     f"reading {src.path} failed: {e}. The batches committed before this "
@@ -593,6 +670,7 @@ def _copy_sqlite(
     batch_size: int,
     source_serde: SerializerProtocol | None,
     progress: ProgressFn | None,
+    interrupted: Callable[[], bool],
 ) -> None:
     serde = saver.serde if saver is not None else JsonPlusSerializer()
     loads = (source_serde or JsonPlusSerializer()).loads_typed
@@ -655,6 +733,8 @@ def _copy_sqlite(
                         value = dumps(loads((wtype, wvalue)))
                     record = S.WriteRecord(task_id, str(channel), value, task_path, int(idx))
                     put(wkey, S.encode_write(record))
+            if interrupted():  # a value of this batch may be a swallowed Ctrl-C's fallback
+                raise KeyboardInterrupt()
         done += len(rows)
         if progress is not None:
             progress("copy", done, src.checkpoints)
@@ -838,6 +918,18 @@ def copy_all(
     ``verify`` (default) both are compared afterwards (see ``verify``).
     See the module docstring for what public methods cannot carry.
     """
+    with _interrupts() as interrupted:
+        return _copy_all(source, dest, merge, verify, progress, interrupted)
+
+
+def _copy_all(
+    source: BaseCheckpointSaver,
+    dest: BaseCheckpointSaver,
+    merge: bool,
+    verify: bool,
+    progress: ProgressFn | None,
+    interrupted: Callable[[], bool],
+) -> MigrationStats:
     stats = MigrationStats(source=repr(source), dest=repr(dest))
     existing: dict[tuple[str, str, str], int] = {
         _ids(t.config): len(t.pending_writes or []) for t in dest.list(None)
@@ -857,6 +949,8 @@ def copy_all(
         writes = tup.pending_writes or []
         stats.writes += len(writes)
         key = (thread, ns, cid)
+        if interrupted():  # a value of tup may be a swallowed Ctrl-C's fallback
+            raise KeyboardInterrupt()
         if key in existing:
             stats.checkpoints_present += 1
             if existing[key] >= len(writes):
@@ -876,6 +970,8 @@ def copy_all(
             )
             stats.checkpoints_copied += 1
         for task_path, task_id, group in _write_groups(source, tup):
+            if interrupted():
+                raise KeyboardInterrupt()
             dest.put_writes(_cfg(thread, ns, cid), group, task_id, task_path)
         stats.writes_copied += len(writes)
     stats.seconds = time.perf_counter() - started

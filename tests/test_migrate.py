@@ -11,6 +11,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from kvsaver import KVSaver
@@ -594,3 +595,99 @@ def test_progress_bar_on_a_terminal_and_plain_lines_elsewhere():
     counter("copy", 6, 0)  # within the same second: not printed
     assert unknown.getvalue().startswith("copy: 5 checkpoints, ")
     assert unknown.getvalue().count("\n") == 1
+
+
+# -- Ctrl-C (issue #11) ------------------------------------------------------------------
+
+
+def _ctrl_c_inside_a_hook(armed: list[bool]) -> JsonPlusSerializer:
+    """LangGraph's serializer whose msgpack ext_hook, once ``armed``, sends this
+    process SIGINT and lets the handler run right there, inside the hook: the
+    KeyboardInterrupt that ormsgpack used to turn into ValueError('ext_hook failed')."""
+    real = JsonPlusSerializer()._unpack_ext_hook
+
+    def hook(code: int, data: bytes) -> Any:
+        if armed[0]:
+            armed[0] = False
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # the Python handler runs at a bytecode boundary here
+                pass
+        return real(code, data)
+
+    return JsonPlusSerializer(__unpack_ext_hook__=hook)
+
+
+@pytest.mark.parametrize("phase", ["copy", "verify"])
+def test_ctrl_c_inside_decoding_is_a_keyboard_interrupt(tmp_path, phase):
+    source = str(tmp_path / "chat.sqlite")
+    total = build_synthetic_sqlite(source, threads=3, per_thread=20)
+    dest = str(tmp_path / "state")
+    armed = [False]
+    fired = []
+
+    def progress(now: str, done: int, _total: int) -> None:
+        # Once: mid-copy after the first batch, or as verification starts.
+        if now == phase and (done > 0 or phase == "verify") and not fired:
+            fired.append(done)
+            armed[0] = True
+
+    with pytest.raises(KeyboardInterrupt):
+        migrate_from_sqlite(
+            source,
+            dest,
+            batch_size=5,
+            source_serde=_ctrl_c_inside_a_hook(armed),
+            progress=progress,
+            dest_options={"durability": "none"},
+        )
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    with KVSaver(dest) as kv:
+        copied = checkpoint_count(kv.store)
+    if phase == "copy":
+        assert 0 < copied < total and copied % 5 == 0  # whole batches only
+    else:
+        assert copied == total
+    stats = migrate_from_sqlite(source, dest)  # resumes; what was committed verifies
+    assert stats.checkpoints_present == copied and stats.verified == total
+
+
+def _sigint_cli(source: str, dest: str, phase: str) -> tuple[int, str]:
+    """The tool in a subprocess, sent SIGINT once ``phase`` has made progress."""
+    args = [source, dest, "--batch-size", "10", "--durability", "none"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tools.migrate_from_sqlite", *args],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    lines = []
+    try:
+        for line in proc.stderr:  # plain progress lines: stderr is a pipe
+            lines.append(line)
+            if line.startswith(f"{phase}: ") and not line.startswith(f"{phase}: 0/"):
+                proc.send_signal(signal.SIGINT)
+                break
+        lines.append(proc.stderr.read())
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    return proc.returncode, "".join(lines)
+
+
+@pytest.mark.parametrize("phase", ["copy", "verify"])
+def test_ctrl_c_in_the_tool_exits_130_and_rerun_resumes(tmp_path, capsys, phase):
+    """It printed ValueError('ext_hook failed') and exited 2 (copy) or 1,
+    "a difference was found" (verify)."""
+    source = str(tmp_path / "big.sqlite")
+    total = build_synthetic_sqlite(source, threads=12, per_thread=100)
+    dest = str(tmp_path / "state")
+    rc, err = _sigint_cli(source, dest, phase)
+    assert rc == 130, err
+    assert err.rstrip().endswith("interrupted; re-run to resume"), err
+    assert "Traceback" not in err and "ext_hook" not in err, err
+    rc, out, err = cli(capsys, source, dest)
+    assert rc == 0, err
+    assert f"verified     {total:,} checkpoints" in out

@@ -11,7 +11,8 @@ destination adds nothing twice, and an interrupted run finishes on re-run.
 
 Exit status: 0 done; 1 verification found a difference (shown); 2 the
 migration was refused or failed (bad source, destination with other data
-without ``--merge``, ...): the message says why.
+without ``--merge``, ...): the message says why; 130 interrupted (Ctrl-C):
+the batches committed are kept, and a re-run goes on from there.
 
 The work is done by ``saver.migrate.migrate_from_sqlite``; this module adds
 the command line, a progress bar (plain lines when stderr is not a terminal)
@@ -177,6 +178,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--batch-size must be at least 1")
 
     progress = None if args.quiet else Progress(sys.stderr)
+    try:
+        return _run(args, progress)
+    except KeyboardInterrupt:
+        # saver.migrate makes sure a Ctrl-C that LangGraph's decoding swallowed
+        # (ValueError('ext_hook failed')) still arrives as KeyboardInterrupt.
+        if progress is not None:
+            progress.finish()
+        print("interrupted; re-run to resume", file=sys.stderr)
+        return 130
+
+
+def _run(args: argparse.Namespace, progress: Progress | None) -> int:
     dest_before = dir_bytes(args.dest)
     try:
         stats = migrate_from_sqlite(
