@@ -46,7 +46,11 @@ Two ways in, one check:
 
 * ``verify(source, dest, namespaces)`` compares ``list()`` and
   ``get_tuple()`` of both, per (thread, namespace), and raises
-  ``VerificationError`` naming the first difference.
+  ``VerificationError`` naming the first difference. The verification that
+  ``migrate_from_sqlite`` and ``copy_all`` run reads both sides in
+  LangGraph's strict msgpack mode when both use a ``JsonPlusSerializer``
+  without an allowlist (``_strict_pair``). The copy itself decodes values
+  with the source's serializer: migrate only from a source you trust.
 
 Only ``kv``'s ``Store`` protocol and ``saver``'s own modules are used; the
 ``SqliteSaver`` used for verification is imported when needed (the
@@ -55,6 +59,7 @@ Only ``kv``'s ``Store`` protocol and ``saver``'s own modules are used; the
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import math
@@ -178,6 +183,50 @@ class MigrationStats:
     def rate(self) -> float:
         """Checkpoints copied per second."""
         return self.checkpoints_copied / self.seconds if self.seconds > 0 else 0.0
+
+
+# -- verification reads in strict msgpack mode ---------------------------------------
+
+
+def _strict_serde(serde: SerializerProtocol) -> SerializerProtocol | None:
+    """``serde`` in LangGraph's strict msgpack mode, when it is a
+    ``JsonPlusSerializer`` (bare or inside KVSaver's compression) without an
+    allowlist of its own; else None (an allowlist, encryption, a serializer
+    of the user's: used as they are). Strict mode rebuilds only LangGraph's
+    safe types; any other class or function named in stored data comes back
+    as its raw arguments instead of being imported and called."""
+    comp = serde if isinstance(serde, CompressingSerializer) else None
+    inner = comp.serde if comp is not None else serde
+    if type(inner) is not JsonPlusSerializer:
+        return None
+    # LangGraph keeps the policy here: True = permissive (the default unless
+    # LANGGRAPH_STRICT_MSGPACK is set), None = strict, a set = an allowlist.
+    policy = getattr(inner, "_allowed_msgpack_modules", False)
+    if policy is None:
+        return serde
+    if policy is not True:
+        return None
+    strict = JsonPlusSerializer(pickle_fallback=inner.pickle_fallback, allowed_msgpack_modules=None)
+    return comp.with_inner(strict) if comp is not None else strict
+
+
+def _strict_pair(
+    source: BaseCheckpointSaver, dest: BaseCheckpointSaver
+) -> tuple[BaseCheckpointSaver, BaseCheckpointSaver]:
+    """The two savers as verification reads them: both in strict msgpack mode
+    when both can be (issue #11: verification decodes every stored value, and
+    in the default mode a crafted one can name any importable callable for the
+    decoder to run); else both as they are, so both sides decode alike."""
+    strict = [_strict_serde(source.serde), _strict_serde(dest.serde)]
+    if None in strict:
+        return source, dest
+    views = []
+    for saver, serde in zip((source, dest), strict):
+        if serde is not saver.serde:
+            saver = copy.copy(saver)
+            saver.serde = serde  # type: ignore[assignment]
+        views.append(saver)
+    return views[0], views[1]
 
 
 # -- Ctrl-C ----------------------------------------------------------------------------
@@ -641,8 +690,7 @@ def _migrate_from_sqlite(
                 sqlite_saver = open_sqlite_saver(src.path, serde=source_serde)
                 try:
                     stats.verified = _verify(
-                        sqlite_saver,
-                        saver,
+                        *_strict_pair(sqlite_saver, saver),
                         src.namespace_list,
                         exact=not merge,
                         progress=progress,
@@ -981,8 +1029,7 @@ def _copy_all(
     if verify:
         started = time.perf_counter()
         stats.verified = _verify(
-            source,
-            dest,
+            *_strict_pair(source, dest),
             stats.namespace_list,
             exact=not merge,
             writes_order=isinstance(source, KVSaver),

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 import pytest
+from crafted_helpers import plant
 from kvsaver import KVSaver
 from kvsaver import schema as S
 from kvsaver.kv.keys import pack, prefix_range
@@ -691,3 +692,26 @@ def test_ctrl_c_in_the_tool_exits_130_and_rerun_resumes(tmp_path, capsys, phase)
     rc, out, err = cli(capsys, source, dest)
     assert rc == 0, err
     assert f"verified     {total:,} checkpoints" in out
+
+
+# -- stored data that names code to run (issue #11) ---------------------------------------
+
+
+def test_verification_never_runs_code_named_in_stored_data(tmp_path):
+    """A re-run copies nothing already there and verifies both sides: it finds
+    the planted difference without running the call planted in the store."""
+    source = str(tmp_path / "chat.sqlite")
+    build_synthetic_sqlite(source, threads=2, per_thread=4)
+    dest = str(tmp_path / "state")
+    migrate_from_sqlite(source, dest)
+    marker = tmp_path / "the-planted-call-ran"
+    with KVSaver(dest) as kv:
+        plant(kv.store, marker)
+    with pytest.raises(VerificationError, match="planted"):
+        migrate_from_sqlite(source, dest)
+    assert not marker.exists()
+    # The planted call is live: LangGraph's permissive mode runs it.
+    permissive = JsonPlusSerializer(allowed_msgpack_modules=True)
+    with KVSaver(dest, serde=permissive) as kv:
+        kv.get_tuple({"configurable": {"thread_id": "thread-0000"}})
+    assert marker.is_dir()

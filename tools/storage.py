@@ -19,6 +19,10 @@ rewritten whole at every commit and never needs compacting.
 ``LANGGRAPH_AES_KEY``, as LangGraph does (a sweep decodes checkpoint
 metadata; stats and compaction never decode values).
 
+Stored data is decoded in LangGraph's strict msgpack mode (only its safe
+types are rebuilt), whatever ``LANGGRAPH_STRICT_MSGPACK`` says: a crafted
+store cannot make these tools import and call what it names (issue #11).
+
 Long runs show a progress bar (tqdm) on a terminal. Exit status: 0 done,
 2 refused or failed (the message says why).
 """
@@ -37,6 +41,8 @@ from typing import Any
 from kvsaver import KVSaver, Retention
 from kvsaver.kv import KVError
 from kvsaver.kv.lmdb_store import compact_lmdb
+from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 
 @contextmanager
@@ -71,11 +77,11 @@ def _open(args: argparse.Namespace, *, readonly: bool) -> KVSaver:
     backend = "file" if os.path.isfile(path) else args.backend
     if backend == "lmdb" and not os.path.isfile(os.path.join(path, "data.mdb")):
         raise ValueError(f"{path} is not a KVSaver store (no data.mdb)")
-    serde = None
+    serde: SerializerProtocol = JsonPlusSerializer(allowed_msgpack_modules=None)  # strict
     if getattr(args, "encrypted", False):
         from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 
-        serde = EncryptedSerializer.from_pycryptodome_aes()
+        serde = EncryptedSerializer.from_pycryptodome_aes(serde=serde)
     return KVSaver(path, readonly=readonly, backend=backend, serde=serde)
 
 
