@@ -191,14 +191,14 @@ class MigrationStats:
 def _strict_serde(serde: SerializerProtocol) -> SerializerProtocol | None:
     """``serde`` in LangGraph's strict msgpack mode, when it is a
     ``JsonPlusSerializer`` (bare or inside KVSaver's compression) without an
-    allowlist of its own; else None (an allowlist, encryption, a serializer
-    of the user's: used as they are). Strict mode rebuilds only LangGraph's
+    allowlist or ext hook of its own; else None (an allowlist, encryption, a
+    serializer of the user's: used as they are). Strict mode rebuilds only LangGraph's
     safe types; any other class or function named in stored data comes back
     as its raw arguments instead of being imported and called."""
     comp = serde if isinstance(serde, CompressingSerializer) else None
     inner = comp.serde if comp is not None else serde
-    if type(inner) is not JsonPlusSerializer:
-        return None
+    if type(inner) is not JsonPlusSerializer or getattr(inner, "_custom_unpack_ext_hook", True):
+        return None  # not LangGraph's own decoding: the user's to decide
     # LangGraph keeps the policy here: True = permissive (the default unless
     # LANGGRAPH_STRICT_MSGPACK is set), None = strict, a set = an allowlist.
     policy = getattr(inner, "_allowed_msgpack_modules", False)
