@@ -92,12 +92,10 @@ def _id(value: Any, what: str) -> str:
     str()s every id). Anything else is refused rather than stored as "None"
     or "<object at 0x...>", and so is a str that UTF-8 cannot encode (issue
     #11: a lone surrogate used to end in a bare TypeError from the encoder)."""
-    if isinstance(value, str):
-        text = str(value)
-    elif isinstance(value, (int, UUID)) and not isinstance(value, bool):
-        text = str(value)
-    else:
-        raise TypeError(f"{what} must be a str (or an int), not {type(value).__name__}: {value!r}")
+    if not isinstance(value, (str, int, UUID)) or isinstance(value, bool):
+        kind = type(value).__name__
+        raise TypeError(f"{what} must be a str (or an int or UUID), not {kind}: {value!r}")
+    text = str(value)
     if not text.isascii():
         try:
             text.encode("utf-8")
