@@ -8,6 +8,13 @@ from .file import FileStore
 from .keys import pack, prefix_range, unpack
 from .lmdb_store import LMDBStore
 from .memory import MemoryStore
+from .postgres import (  # psycopg itself is imported only when a store is opened
+    CommitUnknownError,
+    PostgresStore,
+    StoreConflictError,
+    StoreTimeoutError,
+    StoreUnavailableError,
+)
 from .store import (
     CorruptStoreError,
     FormatVersionError,
@@ -23,6 +30,7 @@ from .store import (
 )
 
 __all__ = [
+    "CommitUnknownError",
     "CorruptStoreError",
     "FileStore",
     "FormatVersionError",
@@ -30,11 +38,15 @@ __all__ = [
     "KeyTooLongError",
     "LMDBStore",
     "MemoryStore",
+    "PostgresStore",
     "ReadOnlyError",
     "Store",
     "StoreBusyError",
     "StoreClosedError",
+    "StoreConflictError",
     "StoreFullError",
+    "StoreTimeoutError",
+    "StoreUnavailableError",
     "SupportsDiskUsage",
     "Txn",
     "pack",

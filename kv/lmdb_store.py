@@ -67,11 +67,12 @@ open holds a shared ``fcntl`` lock on its first byte.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -705,10 +706,23 @@ class _LMDBTxn:
         self._require_write()
         return int(self._mutate("delete_range", start, stop))
 
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        get, max_key = self._txn.get, self._env.max_key
+        return [get(k) if k and len(k) <= max_key else None for k in keys]
+
     def scan(
-        self, start: bytes | None = None, stop: bytes | None = None, *, reverse: bool = False
+        self,
+        start: bytes | None = None,
+        stop: bytes | None = None,
+        *,
+        reverse: bool = False,
+        limit: int | None = None,
     ) -> Iterator[tuple[bytes, bytes]]:
-        return _scan(self._txn, self._env.max_key, start, stop, reverse)
+        if limit is None:
+            return _scan(self._txn, self._env.max_key, start, stop, reverse)
+        return itertools.islice(
+            _scan(self._txn, self._env.max_key, start, stop, reverse), max(limit, 0)
+        )
 
 
 class _ReadContext:

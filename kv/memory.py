@@ -9,8 +9,9 @@ read transaction is a true snapshot and a lazy scan never sees a later commit.
 
 from __future__ import annotations
 
+import itertools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, TypeVar
 
@@ -71,8 +72,23 @@ class _MemTxn:
             self._overlay[bytes(key)] = _TOMB
         return existed
 
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        return [self.get(k) for k in keys]
+
     def scan(
-        self, start: bytes | None = None, stop: bytes | None = None, *, reverse: bool = False
+        self,
+        start: bytes | None = None,
+        stop: bytes | None = None,
+        *,
+        reverse: bool = False,
+        limit: int | None = None,
+    ) -> Iterator[tuple[bytes, bytes]]:
+        if limit is not None:
+            return itertools.islice(self._scan(start, stop, reverse), max(limit, 0))
+        return self._scan(start, stop, reverse)
+
+    def _scan(
+        self, start: bytes | None, stop: bytes | None, reverse: bool
     ) -> Iterator[tuple[bytes, bytes]]:
         self._check()
         data = self._data

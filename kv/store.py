@@ -4,6 +4,7 @@ A store hands out transactions::
 
     with store.read() as txn:      # a consistent snapshot
         txn.get(k); txn.scan(a, b, reverse=True)
+        txn.get_many([k1, k2]); txn.scan(a, b, reverse=True, limit=1)
     with store.write() as txn:     # atomic: commits on success,
         txn.put(k, v)              # rolls back on any exception
         txn.delete(k); txn.delete_range(a, b)
@@ -12,15 +13,24 @@ A store hands out transactions::
 
 Keys and values are ``bytes``. ``scan(start, stop)`` yields ``(key, value)``
 pairs with ``start <= key < stop`` in byte order (``reverse=True``: reverse
-byte order); ``None`` for a bound means "unbounded". Iterators are valid only
-inside their transaction.
+byte order); ``None`` for a bound means "unbounded"; ``limit`` caps how many
+pairs it yields. Iterators are valid only inside their transaction.
+``get_many(keys)`` is ``[get(k) for k in keys]``. Both exist for stores on a
+network (``PostgresStore``), where each call is a round trip and a scan
+fetches in chunks: a caller that knows it wants one key of a range, or many
+keys at once, says so. On the local stores they cost what the loop does.
+A read transaction's snapshot is taken no later than its first read.
+A store whose scans queue their first query until the next round trip (so a
+``scan`` called before a ``get_many`` shares its round trip) says so with a
+class attribute ``pipelines_reads = True`` (``PostgresStore``); callers may
+then order their reads that way. Local stores have nothing to gain.
 
 Errors form one family rooted at ``KVError``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol, TypeVar, runtime_checkable
 
@@ -83,8 +93,15 @@ class Txn(Protocol):
 
     def delete(self, key: bytes) -> bool: ...
 
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]: ...
+
     def scan(
-        self, start: bytes | None = None, stop: bytes | None = None, *, reverse: bool = False
+        self,
+        start: bytes | None = None,
+        stop: bytes | None = None,
+        *,
+        reverse: bool = False,
+        limit: int | None = None,
     ) -> Iterator[tuple[bytes, bytes]]: ...
 
     def delete_range(self, start: bytes | None, stop: bytes | None) -> int: ...

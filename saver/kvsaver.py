@@ -32,9 +32,11 @@ from kvsaver.kv import (
     FormatVersionError,
     LMDBStore,
     MemoryStore,
+    PostgresStore,
     Store,
 )
 from kvsaver.kv.keys import unpack
+from kvsaver.kv.postgres import is_postgres_url
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -55,6 +57,7 @@ from . import retention as R
 from . import schema as S
 from . import stats as ST
 from . import threads as TH
+from . import upgrade as U
 
 __all__ = ["KVSaver"]
 
@@ -131,8 +134,10 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
 
     ``KVSaver("./state")`` opens (or creates) an LMDB store in that directory;
     ``KVSaver(":memory:")`` keeps everything in memory; ``KVSaver(path,
-    backend="file")`` uses a single-file ``FileStore``; any ``kv.Store`` can be
-    passed in directly.
+    backend="file")`` uses a single-file ``FileStore``;
+    ``KVSaver("postgresql://...")`` a table on a PostgreSQL server shared by
+    many machines (``kv.PostgresStore``; options: ``_POSTGRES_OPTIONS``); any
+    ``kv.Store`` can be passed in directly.
 
     Args:
         path_or_store: a directory, ``":memory:"``, or a ``kv.Store``.
@@ -155,10 +160,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             ``sweep_interval_minutes`` in bounded steps, or by ``sweep()``.
         clock: seconds since the epoch for thread activity (default
             ``time.time``); inject one to test TTLs without waiting.
-        **store_options: passed to ``LMDBStore`` (e.g. ``map_size``).
+        **store_options: passed to ``LMDBStore`` (e.g. ``map_size``); with a
+            PostgreSQL URL, the options of ``_POSTGRES_OPTIONS``.
     """
 
     store: Store
+    _legacy_writes = False  # format-1 write keys may be present (read-only open)
 
     def __init__(
         self,
@@ -185,6 +192,10 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         self._owns_store = not isinstance(path_or_store, Store)
         if isinstance(path_or_store, Store):
             self.store = path_or_store
+        elif is_postgres_url(path_or_store):
+            self.store = _open_postgres(
+                str(path_or_store), readonly, durability, max_size, store_options
+            )
         elif path_or_store == ":memory:":
             self.store = MemoryStore(readonly=readonly)
         elif backend == "file":
@@ -209,9 +220,11 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     # -- lifecycle ------------------------------------------------------------
 
     def _check_schema(self) -> None:
+        """Write the schema record of a new store; refuse a foreign store or a
+        newer format; upgrade an older format (writable) or note it (read-only)."""
         with self.store.read() as txn:
             raw = txn.get(S.SCHEMA_KEY)
-            empty = raw is None and next(iter(txn.scan(None, None)), None) is None
+            empty = raw is None and next(iter(txn.scan(None, None, limit=1)), None) is None
         if raw is None:
             if not empty:
                 raise CorruptStoreError(
@@ -229,6 +242,19 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 f"this store was written by kvsaver format {version}; this version of "
                 f"kvsaver reads format {S.FORMAT_VERSION} and older. Upgrade kvsaver."
             )
+        if version < S.FORMAT_VERSION:
+            if self.store.readonly:
+                # Read as it is (saver/upgrade.py); another process may
+                # upgrade it meanwhile, which reads the same.
+                self._legacy_writes = True
+                return
+            with self.store.write() as txn:  # one transaction: all of it or none
+                raw = txn.get(S.SCHEMA_KEY)
+                record = S.decode_schema_record(raw) if raw is not None else {}
+                version = int(record.get("format", S.FORMAT_VERSION))
+                if version < S.FORMAT_VERSION:
+                    done = list(record.get("upgrades") or []) + U.upgrade(txn, version)
+                    txn.put(S.SCHEMA_KEY, S.encode_schema(done))
 
     def close(self) -> None:
         """Close the underlying store if this saver opened it."""
@@ -253,9 +279,10 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         self, txn: Any, thread: str, ns: str, checkpoint_id: str
     ) -> list[S.WriteRecord]:
         recs = [S.decode_write(v) for _, v in txn.scan(*S.writes_range(thread, ns, checkpoint_id))]
-        # Key order is writes_sort_key order except for over-long ids, which
-        # the schema shortens; sorting an already sorted list is linear.
+        # Keys are (task_id, idx), the identity; reads are in task_path order.
         recs.sort(key=lambda w: writes_sort_key(w.task_path, w.task_id, w.idx))
+        if self._legacy_writes:  # a format-1 store opened read-only
+            return U.first_per_identity(recs)
         return recs
 
     def _load_tuple(
@@ -271,8 +298,14 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         thread, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
         checkpoint: Checkpoint = loads(rec.checkpoint)
         values: dict[str, Any] = {}
-        for channel, key in S.blob_keys(thread, ns, checkpoint["channel_versions"]):
-            if (typed := S.decode_blob(txn.get(key))) is not None:
+        keyed = S.blob_keys(thread, ns, checkpoint["channel_versions"])
+        # Issue #14: on a network store the blobs are one get_many, and the
+        # writes scan, called first (and taken over by _load_writes' identical
+        # scan), travels in the same round trip. Local stores skip it.
+        if getattr(self.store, "pipelines_reads", False):
+            txn.scan(*S.writes_range(thread, ns, cid))
+        for (channel, _), raw in zip(keyed, txn.get_many([key for _, key in keyed])):
+            if (typed := S.decode_blob(raw)) is not None:
                 values[channel] = loads(typed)
         checkpoint["channel_values"] = values
         writes: list[PendingWrite] = [
@@ -472,8 +505,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         ckey = S.checkpoint_key(thread, ns, checkpoint_id)
         now = R.now_ms(self.clock)
 
+        akey = S.activity_key(thread)
+
         def write(txn: Any) -> None:
-            old = txn.get(ckey)
+            # Both reads of this function (touch() reads akey) in one get_many:
+            # one round trip on a network store (issue #14).
+            old = txn.get_many([ckey, akey])[0]
             if old is not None:  # replaced: drop the old record's index entries
                 for key in S.index_keys(S.decode_checkpoint(old)):
                     txn.delete(key)
@@ -502,6 +539,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         ``INTERRUPT``, ... with negative indexes) replaces what is stored
         under the same (task_id, idx); any other batch ignores writes whose
         (task_id, idx) is already stored, so a retried task is not duplicated.
+        ``task_path`` is not part of a write's identity (as in SqliteSaver):
+        it is stored, and orders the writes that ``get_tuple`` returns.
         """
         thread, ns, conf = _thread_ns(config, "put_writes")
         checkpoint_id = conf.get("checkpoint_id")
@@ -515,7 +554,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         task_path = _id(task_path, "put_writes: task_path")
         dumps = self.serde.dumps_typed
         idxs = [WRITES_IDX_MAP.get(channel, idx) for idx, (channel, _) in enumerate(writes)]
-        keys = S.write_keys(thread, ns, checkpoint_id, task_path, task_id, idxs)
+        keys = S.write_keys(thread, ns, checkpoint_id, task_id, idxs)
         entries = [
             (key, S.encode_write(S.WriteRecord(task_id, channel, dumps(value), task_path, widx)))
             for key, widx, (channel, value) in zip(keys, idxs, writes)
@@ -523,10 +562,16 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         replace = all(channel in WRITES_IDX_MAP for channel, _ in writes)
         now = R.now_ms(self.clock)
 
+        akey = S.activity_key(thread)
+
         def write(txn: Any) -> None:
+            # The reads in one get_many (one round trip on a network store).
+            present = txn.get_many([key for key, _ in entries] + [akey])
+            stored = {key for (key, _), old in zip(entries, present) if old is not None}
             for key, value in entries:
-                if replace or txn.get(key) is None:
+                if replace or key not in stored:
                     txn.put(key, value)
+                    stored.add(key)  # a repeated key in one batch: the first wins
             TH.touch(txn, thread, now)
 
         self.store.transact(write)
@@ -761,6 +806,39 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         self, *, config: RunnableConfig, channels: Sequence[str]
     ) -> Mapping[str, DeltaChannelHistory]:
         return await self._run(self.get_delta_channel_history, config=config, channels=channels)
+
+
+# -- PostgreSQL (issue #14): KVSaver("postgresql://...", **options) ----------------
+# The keyword options a PostgreSQL URL accepts, and the kv.PostgresStore
+# argument each becomes (pool_*: the psycopg_pool.ConnectionPool's; LMDB's
+# max_size, a byte cap, means nothing there).
+_POSTGRES_OPTIONS = {
+    "table": "table",
+    "pool_min_size": "min_size",
+    "pool_max_size": "max_size",
+    "pool_timeout": "pool_timeout",
+    "pool_options": "pool_options",
+    "connect_timeout": "connect_timeout",
+    "statement_timeout": "statement_timeout",
+    "retries": "retries",
+}
+
+
+def _open_postgres(
+    url: str, readonly: bool, durability: str, max_size: int | None, options: dict[str, Any]
+) -> Store:
+    unknown = sorted(set(options) - set(_POSTGRES_OPTIONS))
+    if unknown or max_size is not None or durability != "full":
+        bad = unknown + (["max_size"] if max_size is not None else [])
+        bad += ["durability"] if durability != "full" else []
+        raise TypeError(
+            f"KVSaver(postgresql://...): unknown option(s) {', '.join(bad)}; a PostgreSQL "
+            f"store takes {', '.join(sorted(_POSTGRES_OPTIONS))} (the pool size is "
+            "pool_max_size; durability is the server's)"
+        )
+    return PostgresStore(
+        url, readonly=readonly, **{_POSTGRES_OPTIONS[k]: v for k, v in options.items()}
+    )
 
 
 # -- list helpers ---------------------------------------------------------------

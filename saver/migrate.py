@@ -84,7 +84,6 @@ from langgraph.checkpoint.base import (
     BaseCheckpointSaver,
     CheckpointTuple,
     SerializerProtocol,
-    writes_sort_key,
 )
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
@@ -768,7 +767,7 @@ def _copy_sqlite(
                     thread_v, ns_v, cid_v
                 ):
                     task_id, task_path = str(task_id), str(task_path or "")
-                    wkey = S.write_key(thread, ns, cid, task_path, task_id, int(idx))
+                    wkey = S.write_key(thread, ns, cid, task_id, int(idx))
                     if txn.get(wkey) is not None:
                         stats.writes_present += 1
                         continue
@@ -919,33 +918,63 @@ def _write_groups(
     source: BaseCheckpointSaver, tup: CheckpointTuple
 ) -> list[tuple[str, str, list[tuple[str, Any]]]]:
     """The pending writes of a checkpoint as put_writes calls:
-    (task_path, task_id, [(channel, value), ...]) with regular writes in idx
-    order (so put_writes gives them back their indexes) and the special
-    channels in calls of their own (so they keep replace semantics)."""
+    (task_path, task_id, [(channel, value), ...]).
+
+    A write is identified by (task_id, idx), and put_writes numbers a batch
+    from 0, so a task's regular writes go in idx order, one call per run of
+    one task_path (a task id may be written under several paths, issue
+    #12.1); a run that starts at idx s > 0 is preceded by the task's writes
+    at 0..s-1, which the destination holds from the earlier calls and
+    ignores, as every saver with SqliteSaver's semantics does. So each write
+    keeps its idx and its task_path. Special channels go in calls of their
+    own (they keep replace semantics, at their fixed negative indexes)."""
     thread, ns, cid = _ids(tup.config)
     pending = list(tup.pending_writes or [])
     if isinstance(source, KVSaver):
         # The records hold task_path and idx; get_tuple's list holds the
         # decoded values, in the same (writes_sort_key) order.
         with source.store.read() as txn:
-            recs = [S.decode_write(v) for _, v in txn.scan(*S.writes_range(thread, ns, cid))]
-        recs.sort(key=lambda w: writes_sort_key(w.task_path, w.task_id, w.idx))
+            recs = source._load_writes(txn, thread, ns, cid)
         if [(w.task_id, w.channel) for w in recs] == [(t, c) for t, c, _ in pending]:
             values = [v for _, _, v in pending]
         else:  # written to in between: decode the records themselves
             values = [source.serde.loads_typed(w.value) for w in recs]
         rows = [(w.task_path, w.task_id, w.idx, w.channel, v) for w, v in zip(recs, values)]
     else:
-        # Public pending writes carry neither task_path nor idx: "" and order.
-        rows = [("", task_id, i, ch, v) for i, (task_id, ch, v) in enumerate(pending)]
-    groups: dict[tuple[str, str, bool], list[tuple[int, str, Any]]] = {}
+        # Public pending writes carry neither task_path nor idx: "" and each
+        # task's regular writes numbered in order.
+        counts: dict[str, int] = {}
+        rows = []
+        for task_id, channel, value in pending:
+            idx = WRITES_IDX_MAP.get(channel, counts.get(task_id, 0))
+            if channel not in WRITES_IDX_MAP:
+                counts[task_id] = idx + 1
+            rows.append(("", task_id, idx, channel, value))
+    special: dict[tuple[str, str], list[tuple[str, Any]]] = {}
+    regular: dict[str, list[tuple[int, str, str, Any]]] = {}
     for task_path, task_id, idx, channel, value in rows:
-        special = channel in WRITES_IDX_MAP
-        groups.setdefault((task_path, task_id, special), []).append((idx, channel, value))
-    return [
-        (task_path, task_id, [(ch, v) for _, ch, v in sorted(items, key=lambda x: x[0])])
-        for (task_path, task_id, _), items in groups.items()
-    ]
+        if channel in WRITES_IDX_MAP:
+            special.setdefault((task_path, task_id), []).append((channel, value))
+        else:
+            regular.setdefault(task_id, []).append((idx, task_path, channel, value))
+    calls: list[tuple[str, str, list[tuple[str, Any]]]] = []
+    for task_id, items in regular.items():
+        items.sort(key=lambda x: x[0])
+        at = {idx: (channel, value) for idx, _, channel, value in items}
+        i = 0
+        while i < len(items):
+            j = i
+            while j < len(items) and items[j][1] == items[i][1]:
+                j += 1
+            first = items[i][0]
+            # Indexes below a run are all stored (put_writes fills 0..n-1);
+            # were one missing, the run would be renumbered rather than pad
+            # the destination with a write the source does not have.
+            pad = [at[n] for n in range(first)] if all(n in at for n in range(first)) else []
+            calls.append((items[i][1], task_id, pad + [(ch, v) for _, _, ch, v in items[i:j]]))
+            i = j
+    calls += [(task_path, task_id, group) for (task_path, task_id), group in special.items()]
+    return calls
 
 
 def copy_all(

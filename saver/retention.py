@@ -338,7 +338,7 @@ def _thread_chunks(saver: KVSaver, txn: Any, start: bytes | None = None, size: i
     start = lo if start is None else start
     chunk: list[str] = []
     while True:
-        first = next(iter(txn.scan(start, hi)), None)
+        first = next(iter(txn.scan(start, hi, limit=1)), None)
         if first is None:
             break
         thread = S.decode_checkpoint(first[1]).thread_id

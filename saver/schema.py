@@ -8,17 +8,44 @@ keyspace    key                                              value
 checkpoint  ("c", thread, ns, checkpoint_id)                 CheckpointRecord
 blob        ("b", thread, ns, channel, version)              type NUL bytes (type
                                                              "empty": no value)
-write       ("w", thread, ns, checkpoint_id, task_path,      WriteRecord
-            task_id, idx)
+write       ("w", thread, ns, checkpoint_id, task_id, idx)   WriteRecord (task_path
+                                                             in the record only)
 run index   ("r", run_id, thread, ns, checkpoint_id)         b""
 id index    ("g", checkpoint_id, thread, ns)                 b""
 meta index  ("m", key, value, checkpoint_id, thread, ns)     b""
 activity    ("a", thread)                                    [last activity ms, thread]
 idle index  ("i", last activity ms, thread)                  thread
-schema      ("meta", "schema")                               {"format": FORMAT_VERSION}
+schema      ("meta", "schema")                               {"format": FORMAT_VERSION,
+                                                             "upgrades": [...]}
 sweep       ("meta", "sweep")                                {"started": ms,
                                                              "completed": ms, "full": bool}
 ==========  ===============================================  ==========================
+
+A pending write's identity is (thread, ns, checkpoint, task_id, idx), as in
+SqliteSaver's primary key, with idx = ``WRITES_IDX_MAP.get(channel,
+position)``: ``task_path`` is stored in the record and used only to order
+reads (``writes_sort_key``: task_path, task_id, idx), so the key order is not
+the read order and reads sort.
+
+**Format versions** (``FORMAT_VERSION``; a store records its own in the
+schema record, and a newer one than this code's is refused):
+
+=======  =========  ==========================================================
+format   written    difference from the next
+=======  =========  ==========================================================
+1        0.1.0      write key ("w", thread, ns, checkpoint_id, task_path,
+                    task_id, idx): one task id under two task paths was two
+                    writes (issue #12.1)
+2        after      (current)
+         0.1.0
+=======  =========  ==========================================================
+
+A store of an older format is upgraded when it is opened writable, in one
+write transaction that also rewrites the schema record, appending
+``{"from": old, "to": new, ...counts}`` to its ``"upgrades"`` list (see
+``saver/upgrade.py``). Opened read-only, it is read as it is: format 1 write
+keys are read through the same prefix, and of two writes with the same
+(task_id, idx) the one the upgrade keeps is returned.
 
 The id index is not in DESIGN.md's first table: it lets ``list(None)`` return
 checkpoints of all threads newest-first by checkpoint id, as SqliteSaver does,
@@ -63,7 +90,7 @@ from typing import Any, NamedTuple
 import ormsgpack
 from kvsaver.kv.keys import pack, prefix_range, unpack
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 SCHEMA_KEY = pack(("meta", "schema"))
 _MAX_INLINE = 94  # escaped UTF-8 bytes; 5 inline strings + codes stay < 511
 
@@ -157,18 +184,16 @@ def blobs_range(thread: str, ns: str | None = None) -> tuple[bytes, bytes]:
     return prefix_range((BLOB, k(thread), k(ns)))
 
 
-def write_key(
-    thread: str, ns: str, checkpoint_id: str, task_path: str, task_id: str, idx: int
-) -> bytes:
-    return pack((WRITE, k(thread), k(ns), k(checkpoint_id), k(task_path), k(task_id), idx))
+def write_key(thread: str, ns: str, checkpoint_id: str, task_id: str, idx: int) -> bytes:
+    return pack((WRITE, k(thread), k(ns), k(checkpoint_id), k(task_id), idx))
 
 
 def write_keys(
-    thread: str, ns: str, checkpoint_id: str, task_path: str, task_id: str, idxs: Iterable[int]
+    thread: str, ns: str, checkpoint_id: str, task_id: str, idxs: Iterable[int]
 ) -> list[bytes]:
     """``write_key`` of each idx of one task's batch: the shared elements are
     packed once (a packed tuple is its elements' encodings, concatenated)."""
-    prefix = pack((WRITE, k(thread), k(ns), k(checkpoint_id), k(task_path), k(task_id)))
+    prefix = pack((WRITE, k(thread), k(ns), k(checkpoint_id), k(task_id)))
     return [prefix + pack((idx,)) for idx in idxs]
 
 
@@ -447,10 +472,16 @@ def decode_sweep(raw: bytes | None) -> dict[str, Any]:
     return {} if raw is None else dict(ormsgpack.unpackb(raw))
 
 
-def encode_schema() -> bytes:
-    return ormsgpack.packb({"format": FORMAT_VERSION})
+def encode_schema(upgrades: list[dict[str, Any]] | None = None) -> bytes:
+    record: dict[str, Any] = {"format": FORMAT_VERSION}
+    if upgrades:
+        record["upgrades"] = upgrades
+    return ormsgpack.packb(record)
 
 
 def decode_schema(raw: bytes) -> int:
-    value = ormsgpack.unpackb(raw)
-    return int(value["format"])
+    return int(decode_schema_record(raw)["format"])
+
+
+def decode_schema_record(raw: bytes) -> dict[str, Any]:
+    return dict(ormsgpack.unpackb(raw))

@@ -16,6 +16,7 @@ from kvsaver.kv import Store, SupportsDiskUsage
 from kvsaver.kv.keys import unpack
 
 from . import schema as S
+from .upgrade import LEGACY_WRITE_KEY_LEN
 
 __all__ = ["StoreStats", "ThreadStats"]
 
@@ -98,6 +99,10 @@ def collect(store: Store) -> StoreStats:
     activity: dict[Any, int] = {}
     slot = {S.CHECKPOINT: 0, S.WRITE: 1, S.BLOB: 2}
     live = 0
+    # (task_id, idx) seen in format-1 write keys of one checkpoint (the keys
+    # of a checkpoint are contiguous, so one checkpoint's set at a time)
+    legacy: set[tuple[Any, ...]] = set()
+    legacy_at: tuple[Any, ...] = ()
     for key, value in _scan_all(store):
         size = len(key) + len(value)
         live += size
@@ -106,6 +111,15 @@ def collect(store: Store) -> StoreStats:
         if kind in slot:
             kt = elements[1]
             c = counts.setdefault(kt, [0, 0, 0, 0])
+            if kind == S.WRITE and len(elements) == LEGACY_WRITE_KEY_LEN:
+                # A format-1 store read as it is: count writes by identity
+                # (thread, ns, checkpoint, task_id, idx), as reads return them.
+                if elements[1:4] != legacy_at:
+                    legacy_at, legacy = elements[1:4], set()
+                if elements[5:] in legacy:
+                    c[3] += size
+                    continue
+                legacy.add(elements[5:])
             c[slot[kind]] += 1
             c[3] += size
             if kind == S.CHECKPOINT and isinstance(kt, bytes) and kt not in names:

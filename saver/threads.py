@@ -25,7 +25,7 @@ def find_record(txn: Any, thread: str, ns: str, checkpoint_id: Any) -> bytes | N
     (thread, ns) when no id is given: one reverse step over its keys."""
     if checkpoint_id:
         return txn.get(S.checkpoint_key(thread, ns, str(checkpoint_id)))
-    first = next(iter(txn.scan(*S.checkpoints_range(thread, ns), reverse=True)), None)
+    first = next(iter(txn.scan(*S.checkpoints_range(thread, ns), reverse=True, limit=1)), None)
     return first[1] if first else None
 
 
@@ -39,7 +39,7 @@ def namespaces(txn: Any, thread: str) -> list[str]:
     out = []
     start, stop = S.checkpoints_range(thread)
     while True:
-        first = next(iter(txn.scan(start, stop)), None)
+        first = next(iter(txn.scan(start, stop, limit=1)), None)
         if first is None:
             return out
         rec = S.decode_checkpoint(first[1])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -59,6 +60,9 @@ _TMP = _fast_tmpdir()
 
 
 def pytest_sessionfinish(session, exitstatus):
+    from pg_helpers import stop_shared_server
+
+    stop_shared_server()
     if _TMP is not None:
         import shutil
 
@@ -75,3 +79,21 @@ def kv(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[KVSaver]:
     saver = open_kv(request.param, tmp_path)
     yield saver
     saver.close()
+
+
+# -- one throwaway PostgreSQL server for the session ------------------------------
+# Started on first use by any test that needs a server (the store suite, the
+# saver suites, the export to PostgresSaver, the fault tests, the benchmark);
+# skipped with the reason where PostgreSQL's binaries are not installed.
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Any:
+    from pg_helpers import shared_server
+
+    return shared_server()
+
+
+@pytest.fixture(scope="session")
+def postgres_url(pg_server: Any) -> str:
+    return str(pg_server.url)

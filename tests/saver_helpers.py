@@ -15,11 +15,17 @@ from kvsaver.kv.keys import prefix_range, unpack
 from langgraph.checkpoint.base import Checkpoint, CheckpointTuple, empty_checkpoint
 from langgraph.checkpoint.sqlite import SqliteSaver
 
-BACKENDS = ["lmdb", "memory", "file"]
+BACKENDS = ["lmdb", "memory", "file", "postgres"]
 
 
 def open_kv(backend: str, tmp_path: Path, **kwargs: Any) -> KVSaver:
-    """A KVSaver on one of the three backends, in tmp_path."""
+    """A KVSaver on one of the backends, in tmp_path (PostgreSQL: in a table
+    named after tmp_path, on the session's server)."""
+    if backend == "postgres":
+        from pg_helpers import shared_server, table_for
+
+        url = shared_server().url
+        return KVSaver(url, table=table_for(tmp_path), pool_max_size=4, **kwargs)
     if backend == "memory":
         return KVSaver(":memory:", **kwargs)
     if backend == "file":

@@ -129,6 +129,25 @@ def test_real_graphs_migrate_verify_and_resume_identically(graphs_db, tmp_path):
     assert any(m.content == "after the fork" for m in from_kv["chat-fork"]["messages"])
 
 
+def test_migrate_to_a_postgres_url(graphs_db, tmp_path, postgres_url, capsys):
+    """Issue #14: python -m tools.migrate_from_sqlite SRC postgresql://... (verified)."""
+    from pg_helpers import fresh_database
+
+    url = fresh_database(postgres_url)
+    rc, out, err = cli(capsys, graphs_db, url, "--quiet")
+    assert rc == 0, err
+    assert "verified" in out or "migrated" in out
+    src = open_sqlite_saver(graphs_db)
+    try:
+        with KVSaver(url) as kv:
+            assert [t.config for t in kv.list(None)] == [t.config for t in src.list(None)]
+            assert kv.stats().disk_bytes > 0
+    finally:
+        src.conn.close()
+    rc, out, err = cli(capsys, graphs_db, url, "--quiet")  # a re-run adds nothing
+    assert rc == 0, err
+
+
 def test_migrated_store_is_what_put_and_put_writes_make(graphs_db, tmp_path):
     """The migration writes records through saver.schema itself; this pins it,
     byte for byte, to what KVSaver.put/put_writes store for the same data."""

@@ -1,111 +1,15 @@
 """KVSaver -> PostgresSaver export (saver.migrate.copy_all) against a real
-PostgreSQL server that this module starts on a throwaway cluster (a temp
-directory, a unix socket there, a free loopback port) and stops afterwards.
-
-Needs PostgreSQL's initdb/pg_ctl/postgres (Debian: the ``postgresql``
-package, /usr/lib/postgresql/<version>/bin); skipped, with the reason, where
-they are not installed."""
+PostgreSQL server: the session's throwaway cluster (tests/pg_helpers.py,
+the ``postgres_url`` fixture of tests/conftest.py), skipped with the reason
+where PostgreSQL is not installed."""
 
 from __future__ import annotations
-
-import glob
-import os
-import pwd
-import shutil
-import socket
-import subprocess
-import tempfile
-from collections.abc import Iterator
 
 import pytest
 from kvsaver import KVSaver
 from kvsaver.migrate import MigrationError, copy_all, verify
 from langgraph.checkpoint.postgres import PostgresSaver
 from migrate_helpers import fanout_graph, populate, resume_all
-
-_TOOLS = ("initdb", "pg_ctl", "postgres")
-
-
-def _pg_bindir() -> str | None:
-    preferred = "/usr/lib/postgresql/15/bin"
-    dirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda d: d != preferred)
-    if (found := shutil.which("pg_ctl")) is not None:
-        dirs.append(os.path.dirname(os.path.realpath(found)))
-    for d in dirs:
-        if all(os.access(os.path.join(d, t), os.X_OK) for t in _TOOLS):
-            return d
-    return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def postgres_url() -> Iterator[str]:
-    bindir = _pg_bindir()
-    if bindir is None:
-        pytest.skip(
-            "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found under "
-            "/usr/lib/postgresql/*/bin or on PATH; install them (apt-get install postgresql)"
-        )
-    prefix: list[str] = []
-    owner = None
-    if os.geteuid() == 0:  # postgres refuses to run as root: run it as the postgres user
-        try:
-            owner = pwd.getpwnam("postgres")
-        except KeyError:
-            pytest.skip("running as root and there is no 'postgres' user to run the server as")
-        prefix = ["runuser", "-u", "postgres", "--"]
-    base = tempfile.mkdtemp(prefix="kvsaver-pg-")
-    data = os.path.join(base, "data")
-    if owner is not None:
-        os.chown(base, owner.pw_uid, owner.pw_gid)
-    port = _free_port()
-
-    def run(*cmd: str) -> None:
-        subprocess.run([*prefix, *cmd], check=True, capture_output=True, timeout=120)
-
-    started = False
-    try:
-        run(
-            f"{bindir}/initdb",
-            "-D",
-            data,
-            "-A",
-            "trust",
-            "-U",
-            "postgres",
-            "-E",
-            "UTF8",
-            "--locale=C",
-            "--no-sync",
-        )
-        options = (
-            f"-k {base} -p {port} -c listen_addresses=127.0.0.1 "
-            "-c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-        )
-        run(
-            f"{bindir}/pg_ctl",
-            "-D",
-            data,
-            "-l",
-            os.path.join(base, "log"),
-            "-w",
-            "-t",
-            "60",
-            "-o",
-            options,
-            "start",
-        )
-        started = True
-        yield f"postgresql://postgres@127.0.0.1:{port}/postgres?sslmode=disable"
-    finally:
-        if started:
-            run(f"{bindir}/pg_ctl", "-D", data, "-m", "immediate", "-w", "stop")
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_kvsaver_to_postgres_export_round_trip(postgres_url, tmp_path):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from kvsaver import KVSaver
+from kvsaver.kv import PostgresStore
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import (
     ALL_CAPABILITIES,
@@ -22,6 +23,7 @@ from langgraph.checkpoint.conformance.capabilities import (
 )
 from langgraph.checkpoint.conformance.report import CapabilityReport
 from langgraph.checkpoint.memory import InMemorySaver
+from pg_helpers import shared_pool, unique_table
 
 ALL = sorted(c.value for c in Capability)
 
@@ -48,6 +50,8 @@ def _factory(backend: str, tmp_path: Path) -> Callable[[], AsyncIterator[KVSaver
             saver = KVSaver(":memory:")
         elif backend == "lmdb":
             saver = KVSaver(tmp_path / f"lmdb-{n}")
+        elif backend == "postgres":
+            saver = KVSaver(PostgresStore(shared_pool(), table=unique_table("conf")))
         else:
             saver = KVSaver(tmp_path / f"store-{n}.kvs", backend="file")
         try:
@@ -58,7 +62,7 @@ def _factory(backend: str, tmp_path: Path) -> Callable[[], AsyncIterator[KVSaver
     return make
 
 
-@pytest.mark.parametrize("backend", ["lmdb", "memory", "file"])
+@pytest.mark.parametrize("backend", ["lmdb", "memory", "file", "postgres"])
 async def test_full_conformance(backend: str, tmp_path: Path) -> None:
     registered = checkpointer_test(name=f"KVSaver[{backend}]")(_factory(backend, tmp_path))
     report = await validate(registered)

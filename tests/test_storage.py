@@ -20,7 +20,14 @@ import pytest
 from crafted_helpers import plant
 from kvsaver import KVSaver
 from kvsaver import schema as S
-from kvsaver.kv import FileStore, LMDBStore, MemoryStore, StoreBusyError, SupportsDiskUsage
+from kvsaver.kv import (
+    FileStore,
+    LMDBStore,
+    MemoryStore,
+    PostgresStore,
+    StoreBusyError,
+    SupportsDiskUsage,
+)
 from kvsaver.kv.keys import unpack
 from kvsaver.kv.lmdb_store import LOCK_FILE, compact_lmdb
 from langchain_core.messages import AIMessage, HumanMessage
@@ -81,9 +88,14 @@ def snapshot(saver: KVSaver) -> dict[str, Any]:
 # -- stats -----------------------------------------------------------------------------------
 
 
-@pytest.fixture(params=["memory", "lmdb", "file"])
+@pytest.fixture(params=["memory", "lmdb", "file", "postgres"])
 def any_saver(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[KVSaver]:
-    if request.param == "memory":
+    if request.param == "postgres":
+        from pg_helpers import unique_table
+
+        url = request.getfixturevalue("postgres_url")
+        saver = KVSaver(url, table=unique_table("stats"))
+    elif request.param == "memory":
         saver = KVSaver(":memory:")
     elif request.param == "lmdb":
         saver = KVSaver(str(tmp_path / "store"), durability="none")
@@ -143,6 +155,8 @@ def test_stats_agree_with_what_was_written(any_saver: KVSaver) -> None:
         assert stats.disk_bytes == sum(os.path.getsize(f) for f in files) >= live
     elif isinstance(store, FileStore):
         assert stats.disk_bytes == os.path.getsize(store.path)
+    elif isinstance(store, PostgresStore):  # the table with its index and TOAST
+        assert stats.disk_bytes == store.disk_usage() >= live
     else:
         assert isinstance(store, MemoryStore) and stats.disk_bytes == live
     assert "big" in stats.format(top=2) and "more threads" in stats.format(top=2)
@@ -323,6 +337,31 @@ def test_command_line_stats_sweep_compact(
     assert code == 2 and "--keep-last" in err
     code, out, err = cli(capsys, "stats", str(tmp_path / "nothing"))
     assert code == 2 and "not a KVSaver store" in err
+
+
+def test_command_line_on_a_postgres_url(
+    postgres_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #14: stats, sweep and compact (VACUUM / VACUUM FULL) on a URL."""
+    from pg_helpers import fresh_database
+
+    url = fresh_database(postgres_url)
+    with KVSaver(url) as saver:
+        for t in range(4):
+            chat_thread(saver, f"t{t}", 3 + t, seed=t)
+    code, out, err = cli(capsys, "stats", url, "--json")
+    assert code == 0, err
+    before = json.loads(out)
+    assert before["checkpoints"] == 3 + 4 + 5 + 6 and before["disk_bytes"] > 0
+    code, out, err = cli(capsys, "sweep", url, "--keep-last", "2")
+    assert code == 0 and "10 checkpoints removed" in out, err
+    code, out, err = cli(capsys, "compact", url)
+    assert code == 0 and out.startswith("VACUUM kv_store") and "compact --full" in out, err
+    code, out, err = cli(capsys, "compact", url, "--full")
+    assert code == 0 and out.startswith("VACUUM FULL kv_store"), err
+    code, out, err = cli(capsys, "stats", url, "--json")
+    after = json.loads(out)
+    assert after["checkpoints"] == 4 * 2 and after["disk_bytes"] < before["disk_bytes"]
 
 
 def test_command_line_compact_refused_while_open(tmp_path: Any) -> None:

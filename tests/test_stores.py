@@ -34,6 +34,7 @@ from kvsaver.kv import (
     KVError,
     LMDBStore,
     MemoryStore,
+    PostgresStore,
     ReadOnlyError,
     Store,
     StoreClosedError,
@@ -60,12 +61,19 @@ def child_output(code: str, *args: Any) -> str:
 
 class Backend:
     """Opens stores of one kind, always at the same place (so a second open is a
-    reopen), and closes every store it opened at teardown."""
+    reopen), and closes every store it opened at teardown. PostgreSQL: a table
+    of this test's own on the session's server."""
 
-    def __init__(self, name: str, tmp_path: Path) -> None:
+    def __init__(self, name: str, tmp_path: Path, postgres_url: str | None = None) -> None:
         self.name = name
         self.persistent = name != "memory"
-        self.path = {"memory": None, "file": tmp_path / "s.kvs", "lmdb": tmp_path / "l"}[name]
+        self.url = postgres_url
+        if name == "postgres":
+            from pg_helpers import unique_table
+
+            self.path: Any = unique_table("store")
+        else:
+            self.path = {"memory": None, "file": tmp_path / "s.kvs", "lmdb": tmp_path / "l"}[name]
         self._opened: list[Any] = []
 
     def open(self, **options: Any) -> Any:
@@ -73,6 +81,8 @@ class Backend:
             store: Any = MemoryStore(**options)
         elif self.name == "file":
             store = FileStore(self.path, **options)
+        elif self.name == "postgres":
+            store = PostgresStore(self.url, table=self.path, max_size=4, **options)
         else:
             store = LMDBStore(self.path, **options)
         self._opened.append(store)
@@ -81,18 +91,27 @@ class Backend:
     def close_all(self) -> None:
         for store in reversed(self._opened):
             store.close()
+        if self.name == "postgres":
+            from pg_helpers import drop_tables
+
+            drop_tables(self.url, [self.path])
 
 
-@pytest.fixture(params=["memory", "file", "lmdb"])
+def _backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    url = request.getfixturevalue("postgres_url") if request.param == "postgres" else None
+    return Backend(request.param, tmp_path, url)
+
+
+@pytest.fixture(params=["memory", "file", "lmdb", "postgres"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    b = Backend(request.param, tmp_path)
+    b = _backend(request, tmp_path)
     yield b
     b.close_all()
 
 
-@pytest.fixture(params=["file", "lmdb"])
+@pytest.fixture(params=["file", "lmdb", "postgres"])
 def persistent(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    b = Backend(request.param, tmp_path)
+    b = _backend(request, tmp_path)
     yield b
     b.close_all()
 
@@ -379,6 +398,41 @@ def test_get_put_delete(store: Any) -> None:
     assert dump(store) == [(b"b", b""), (b"c", b"33")]
 
 
+@pytest.mark.parametrize("keys", KEY_SETS.values(), ids=KEY_SETS.keys())
+def test_get_many_and_scan_with_a_limit(store: Any, keys: list[bytes]) -> None:
+    """The batched operations (issue #14): get_many is [get(k) for k in keys]
+    (order kept, repeats and missing keys included); scan(limit=n) is the
+    first n pairs of the same scan, in both directions, in read and write
+    transactions (there over the transaction's own changes too)."""
+    model = {k: b"v" + k[:8] for k in keys}
+    put_all(store, model.items())
+    probe = [*keys, b"missing", *keys[:2], b"x" * 600]
+    for limit in (0, 1, 2, 5, 100):
+        with store.read() as txn:
+            assert txn.get_many(probe) == [model.get(k) for k in probe]
+            assert txn.get_many([]) == []
+            for start in BOUNDS[::3]:
+                for stop in BOUNDS[::4]:
+                    for reverse in (False, True):
+                        want = expected_scan(model, start, stop, reverse)[:limit]
+                        got = list(txn.scan(start, stop, reverse=reverse, limit=limit))
+                        assert got == want, (start, stop, reverse, limit)
+    with pytest.raises(Rollback), store.write() as txn:
+        txn.put(b"a\x00", b"new")
+        local = {**model, b"a\x00": b"new"}
+        if keys:
+            assert txn.delete(keys[0]) is True
+            del local[keys[0]]
+        assert txn.get_many([b"a\x00", *keys]) == [local.get(k) for k in [b"a\x00", *keys]]
+        for reverse in (False, True):
+            assert (
+                list(txn.scan(reverse=reverse, limit=2))
+                == expected_scan(local, None, None, reverse)[:2]
+            )
+        raise Rollback
+    assert dump(store) == expected_scan(model, None, None, False)
+
+
 def test_large_value(store: Any) -> None:
     big = random.Random(1).randbytes(3 << 20)
     put_all(store, [(b"big", big), (b"small", b"s")])
@@ -483,6 +537,9 @@ def test_read_transaction_is_a_snapshot_even_mid_scan(store: Any, writer: str) -
 def test_a_reader_opened_after_a_commit_sees_it(store: Any) -> None:
     put_all(store, [(b"a", b"1")])
     with store.read() as old:
+        # The snapshot is taken no later than the first read (PostgreSQL
+        # takes it there, the local stores at read()).
+        assert old.get(b"a") == b"1"
         put_all(store, [(b"b", b"2")])
         with store.read() as new:
             assert new.get(b"b") == b"2"

@@ -27,6 +27,7 @@ import sys
 import time
 from typing import TextIO
 
+from kvsaver.kv.postgres import is_postgres_url
 from kvsaver.migrate import MigrationError, MigrationStats, VerificationError, migrate_from_sqlite
 
 
@@ -87,7 +88,16 @@ class Progress:
 
 
 def dir_bytes(path: str) -> int:
-    """Bytes of the files under ``path`` (0 if it does not exist)."""
+    """Bytes of the files under ``path`` (0 if it does not exist); for a
+    PostgreSQL URL, the table's size on the server (issue #14)."""
+    if is_postgres_url(path):
+        from kvsaver.kv import PostgresStore
+
+        try:
+            with PostgresStore(path, readonly=True) as store:
+                return store.disk_usage()
+        except Exception:
+            return 0
     total = 0
     for root, _, files in os.walk(path):
         for name in files:
@@ -144,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         description="Copy a LangGraph SqliteSaver database into a KVSaver directory.",
     )
     parser.add_argument("source", help="the SqliteSaver database file (opened read-only)")
-    parser.add_argument("dest", help="the KVSaver directory (created if missing)")
+    parser.add_argument(
+        "dest", help="the KVSaver directory (created if missing), or a postgresql:// URL"
+    )
     parser.add_argument(
         "--verify",
         action=argparse.BooleanOptionalAction,

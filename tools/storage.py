@@ -4,7 +4,7 @@
     python -m tools.storage sweep   DIR [--keep-last N] [--ttl-minutes M]
                                         [--strategy delete|keep_latest] [--incremental]
                                         [--encrypted]
-    python -m tools.storage compact DIR
+    python -m tools.storage compact DIR [--full]
 
 ``stats`` opens the store read-only (beside running writers) and prints bytes
 on disk and live, and the largest threads. ``sweep`` applies a retention
@@ -13,6 +13,12 @@ live application. ``compact`` rewrites an LMDB store into a dense new file
 (an LMDB file never shrinks by itself); it is offline and refuses while any
 process has the store open. A ``FileStore`` file (``--backend file``) is
 rewritten whole at every commit and never needs compacting.
+
+DIR may also be a PostgreSQL URL (``postgresql://...``, issue #14). There
+PostgreSQL's autovacuum makes the space of deleted rows reusable by itself;
+``compact`` runs ``VACUUM (ANALYZE)`` on the table now, and ``compact
+--full`` runs ``VACUUM FULL``, which returns the space to the operating
+system but locks the table while it rewrites it (run it when writers can wait).
 
 ``--encrypted`` is for stores written with
 ``EncryptedSerializer.from_pycryptodome_aes``: the key is read from
@@ -39,9 +45,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from kvsaver import KVSaver, Retention
-from kvsaver.kv import KVError
+from kvsaver.kv import KVError, PostgresStore
 from kvsaver.kv.lmdb_store import compact_lmdb
-from langgraph.checkpoint.serde.base import SerializerProtocol
+from kvsaver.kv.postgres import is_postgres_url
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 
@@ -74,15 +80,21 @@ def progress_bar(desc: str, unit: str, enabled: bool) -> Iterator[Callable[[int,
 
 def _open(args: argparse.Namespace, *, readonly: bool) -> KVSaver:
     path = args.dir
+    if is_postgres_url(path):
+        return KVSaver(path, readonly=readonly, serde=_serde(args))
     backend = "file" if os.path.isfile(path) else args.backend
     if backend == "lmdb" and not os.path.isfile(os.path.join(path, "data.mdb")):
         raise ValueError(f"{path} is not a KVSaver store (no data.mdb)")
-    serde: SerializerProtocol = JsonPlusSerializer(allowed_msgpack_modules=None)  # strict
+    return KVSaver(path, readonly=readonly, backend=backend, serde=_serde(args))
+
+
+def _serde(args: argparse.Namespace) -> Any:
+    serde = JsonPlusSerializer(allowed_msgpack_modules=None)  # strict: see the docstring
     if getattr(args, "encrypted", False):
         from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 
-        serde = EncryptedSerializer.from_pycryptodome_aes(serde=serde)
-    return KVSaver(path, readonly=readonly, backend=backend, serde=serde)
+        return EncryptedSerializer.from_pycryptodome_aes(serde=serde)
+    return serde
 
 
 def _fail(message: str) -> int:
@@ -126,6 +138,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
+    if is_postgres_url(args.dir):
+        with PostgresStore(args.dir) as store:
+            before = store.disk_usage()
+            store.vacuum(full=args.full)
+            after = store.disk_usage()
+        what = "VACUUM FULL" if args.full else "VACUUM"
+        print(f"{what} {store.table}: {before:,} -> {after:,} bytes")
+        if not args.full:
+            print("freed space is reused by new rows; to return it to the OS (locks the table "
+                  f"while it runs): python -m tools.storage compact --full {args.dir}")  # fmt: skip
+        return 0
     if os.path.isfile(args.dir):
         print(f"{args.dir} is a FileStore file: it is rewritten at every commit, nothing to do")
         return 0
@@ -169,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", choices=["lmdb", "file"], default="lmdb")
     p.set_defaults(fn=cmd_sweep)
 
-    p = add("compact", "rewrite an LMDB store without free space (offline)")
+    p = add("compact", "rewrite an LMDB store without free space (offline); VACUUM on PostgreSQL")
+    p.add_argument("--full", action="store_true", help="PostgreSQL: VACUUM FULL (locks the table)")
     p.set_defaults(fn=cmd_compact)
 
     args = parser.parse_args(argv)

@@ -1,0 +1,237 @@
+"""KVSaver on PostgreSQL against PostgresSaver on the same server, same run (issue #14).
+
+    pytest bench/bench_postgres.py --benchmark-only -s
+
+Workloads (both savers on one database of one server, in rotating order
+each round; medians of per-round medians):
+  put              50 puts per round on a fresh thread (bench/_workloads.ThreadGen:
+                   10 channels, 1-2 changed per put, a growing message list)
+  get_tuple        latest checkpoint of a 100-checkpoint thread with 3 pending
+                   writes, 50 calls per round
+  list:limit10     list(thread, limit=10) read through, 20 calls per round
+  graph            a real LangGraph agent loop (bench/_workloads.build_agent),
+                   3 threads x 30 turns; overhead per superstep = (with saver -
+                   without) / checkpoints written
+  bytes            one long chat (60 invokes of 2 agent turns, ~300 checkpoints),
+                   then VACUUM FULL: table + indexes + TOAST of each saver's tables
+
+Targets (the issue): put, get_tuple, list, graph <= 1.0x PostgresSaver; bytes <= 0.3x.
+
+The server: a throwaway cluster started here with PostgreSQL's default
+durability (fsync and synchronous_commit on: a commit is a WAL flush, as in
+production), or the one named by KVSAVER_BENCH_PG_URL. Skipped, with the
+reason, where PostgreSQL is not installed. Results: bench/results/postgres.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from _workloads import ThreadGen, build_agent, run_loop, task_id, writes_for
+from kvsaver import KVSaver
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+
+ROUNDS = 7
+PUTS = 50
+READS = 50
+LISTS = 20
+HISTORY = 100
+GRAPH_THREADS = 3
+CHAT_INVOKES = 60
+RESULTS = os.path.join(os.path.dirname(__file__), "results", "postgres.json")
+PG_TABLES = ["checkpoints", "checkpoint_blobs", "checkpoint_writes", "checkpoint_migrations"]
+
+
+@pytest.fixture(scope="module")
+def server_url() -> Iterator[str]:
+    url = os.environ.get("KVSAVER_BENCH_PG_URL")
+    if url:
+        yield url
+        return
+    from pg_helpers import PgServer, Unavailable
+
+    try:
+        server = PgServer()
+    except Unavailable as e:
+        pytest.skip(str(e))
+    try:
+        server.start(durable=True)
+        yield server.url
+    finally:
+        server.stop()
+
+
+def _database(url: str, name: str) -> str:
+    """A fresh database on the server; its URL."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    base, _, query = url.partition("?")
+    return base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
+
+
+def _savers(url: str) -> dict[str, Any]:
+    from langgraph.checkpoint.postgres import PostgresSaver
+
+    pg_cm = PostgresSaver.from_conn_string(url)
+    pg = pg_cm.__enter__()
+    pg.setup()
+    pg._bench_cm = pg_cm  # type: ignore[attr-defined]
+    return {"KVSaver": KVSaver(url), "PostgresSaver": pg}
+
+
+def _close(savers: dict[str, Any]) -> None:
+    savers["KVSaver"].close()
+    savers["PostgresSaver"]._bench_cm.__exit__(None, None, None)
+
+
+def _rounds(savers: dict[str, Any], once: Callable[[str, Any, int], float]) -> dict[str, float]:
+    """``once(name, saver, round)`` -> seconds per operation; each round in
+    rotated order; the median over rounds."""
+    names = list(savers)
+    per: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(ROUNDS):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for n in order:
+            per[n].append(once(n, savers[n], r))
+    return {n: statistics.median(v) for n, v in per.items()}
+
+
+def _put(name: str, saver: Any, r: int) -> float:
+    gen = ThreadGen(saver, f"put-{name}-{r}")
+    ops = [gen.next() for _ in range(PUTS)]
+    times = []
+    for a in ops:
+        t = time.perf_counter()
+        saver.put(a.config, a.checkpoint, a.metadata, a.new_versions)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _history(saver: Any, thread: str) -> dict[str, Any]:
+    gen = ThreadGen(saver, thread, window=40)
+    for _ in range(HISTORY):
+        a = gen.next()
+        saver.put(a.config, a.checkpoint, a.metadata, a.new_versions)
+    saver.put_writes(gen.config(), writes_for(HISTORY), task_id(1))
+    return {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+
+
+def _timed_calls(fn: Callable[[], Any], n: int) -> float:
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _graph(savers: dict[str, Any]) -> dict[str, float]:
+    plain = build_agent(None)
+    run_loop(plain, "warm", False, threads=1)
+    baseline: list[float] = []
+    per: dict[str, list[float]] = {n: [] for n in savers}
+    steps: dict[str, int] = {}
+    names = list(savers)
+    for r in range(3):
+        t = time.perf_counter()
+        run_loop(plain, "none", False, threads=GRAPH_THREADS)
+        baseline.append(time.perf_counter() - t)
+        for n in names[r % 2 :] + names[: r % 2]:
+            graph = build_agent(savers[n])
+            prefix = f"graph-{n}-{r}"
+            t = time.perf_counter()
+            run_loop(graph, prefix, True, threads=GRAPH_THREADS)
+            per[n].append(time.perf_counter() - t)
+            steps[n] = sum(
+                len(list(savers[n].list({"configurable": {"thread_id": f"{prefix}-{i}"}})))
+                for i in range(GRAPH_THREADS)
+            )
+    base = statistics.median(baseline)
+    return {n: (statistics.median(v) - base) / steps[n] for n, v in per.items()}
+
+
+def _bytes(url: str) -> dict[str, int]:
+    """One long chat per saver, each in a database of its own, then VACUUM FULL."""
+    import psycopg
+    from langchain_core.messages import HumanMessage
+    from psycopg import sql
+
+    out = {}
+    for name in ("KVSaver", "PostgresSaver"):
+        db = _database(url, f"bytes_{name.lower()}")
+        savers = _savers(db)
+        saver = savers[name]
+        graph = build_agent(saver)
+        cfg = {"configurable": {"thread_id": "long-chat"}}
+        for i in range(CHAT_INVOKES):
+            graph.invoke(
+                {"messages": [HumanMessage(content=f"turn {i} " * 30)], "turns": 0, "max_turns": 2},
+                cfg,
+            )
+        _close(savers)
+        tables = ["kv_store"] if name == "KVSaver" else PG_TABLES
+        with psycopg.connect(db, autocommit=True) as conn:
+            total = 0
+            for t in tables:
+                conn.execute(sql.SQL("VACUUM FULL {}").format(sql.Identifier(t)))
+                row = conn.execute("SELECT pg_total_relation_size(to_regclass(%s))", (t,))
+                total += int(row.fetchone()[0] or 0)
+        out[name] = total
+    return out
+
+
+def test_kvsaver_vs_postgressaver(benchmark: Any, server_url: str) -> None:
+    def run_all() -> dict[str, Any]:
+        url = _database(server_url, "bench_ops")
+        savers = _savers(url)
+        try:
+            results: dict[str, dict[str, float]] = {"put": _rounds(savers, _put)}
+            configs = {n: _history(s, f"read-{n}") for n, s in savers.items()}
+            results["get_tuple"] = _rounds(
+                savers, lambda n, s, r: _timed_calls(lambda: s.get_tuple(configs[n]), READS)
+            )
+            results["list:limit10"] = _rounds(
+                savers,
+                lambda n, s, r: _timed_calls(lambda: list(s.list(configs[n], limit=10)), LISTS),
+            )
+            results["graph (per superstep)"] = _graph(savers)
+        finally:
+            _close(savers)
+        sizes = _bytes(server_url)
+        return {"seconds": results, "bytes": sizes}
+
+    out = benchmark.pedantic(run_all, rounds=1, iterations=1)
+    rows = []
+    for op, v in out["seconds"].items():
+        ratio = v["KVSaver"] / v["PostgresSaver"]
+        rows.append((op, v["KVSaver"] * 1e6, v["PostgresSaver"] * 1e6, ratio))
+    b = out["bytes"]
+    report = {
+        "loadavg": os.getloadavg(),
+        "microseconds": {
+            op: {"KVSaver": k, "PostgresSaver": p, "ratio": r} for op, k, p, r in rows
+        },
+        "bytes": {**b, "ratio": b["KVSaver"] / b["PostgresSaver"]},
+    }
+    benchmark.extra_info.update(report)
+    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+    with open(RESULTS, "w") as f:
+        json.dump(report, f, indent=2)
+    print()
+    print(f"{'workload':<24}{'KVSaver us':>12}{'PostgresSaver us':>18}{'ratio':>8}")
+    for op, k, p, r in rows:
+        print(f"{op:<24}{k:>12.0f}{p:>18.0f}{r:>8.2f}")
+    print(f"{'bytes (VACUUM FULL)':<24}{b['KVSaver']:>12,}{b['PostgresSaver']:>18,}"
+          f"{report['bytes']['ratio']:>8.2f}")  # fmt: skip

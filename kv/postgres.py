@@ -1,0 +1,1073 @@
+"""``PostgresStore``: the ``Store`` protocol on one PostgreSQL table (issue #14).
+
+For applications deployed on several machines: every instance opens the same
+table on a shared server. One table of ordered byte keys::
+
+    CREATE TABLE kv_store (key bytea PRIMARY KEY, value bytea NOT NULL)
+
+``bytea`` compares as unsigned bytes (memcmp, then length), exactly the order
+of Python ``bytes``, so scans return what every other backend returns. The
+table's comment is the store's schema record (``kvsaver.kv PostgresStore
+format 1``); ``setup()`` creates the table idempotently on first use (under an
+advisory lock, so concurrent first openers do not race) and refuses a table
+of another kind or of a newer format.
+
+Transactions
+    ``read()`` is one consistent snapshot: ``REPEATABLE READ, READ ONLY``,
+    taken at the transaction's first read (PostgreSQL takes it then).
+    ``write()`` and ``transact()`` are ``SERIALIZABLE``. ``transact(fn)``
+    reruns ``fn`` on a serialization failure or a deadlock (bounded, with
+    exponential backoff and jitter), and when the connection was lost before
+    ``COMMIT`` was sent (the transaction cannot have committed). A rerun starts
+    from a fresh transaction: writes buffered by an attempt are discarded with
+    it, so no change is applied twice. ``write()`` cannot rerun a ``with``
+    body: a conflict there raises ``StoreConflictError`` (use ``transact``).
+    Inside one process, write transactions run one at a time (as on LMDB);
+    across machines, PostgreSQL serializes them.
+
+Round trips (what a network costs; counted by tests/test_postgres.py)
+    Writes are buffered in the transaction and sent as one statement
+    (``INSERT ... SELECT unnest(...) ON CONFLICT DO UPDATE``, plus one
+    ``DELETE ... = ANY(...)``), pipelined with ``COMMIT`` or with the next read
+    that must go to the server. ``BEGIN`` is pipelined with the first
+    statement; a read's ``ROLLBACK`` is deferred to the first round trip of
+    the connection's next transaction (or sent by a reaper thread after
+    ``_LINGER`` seconds, so no session stays idle in a transaction for long).
+    A scan's first chunk is queued and sent with the next round trip (so a
+    scan followed by ``get_many`` costs one). Point reads are remembered for
+    the rest of the transaction
+    (the snapshot cannot change under it), so ``get_many`` followed by ``get``
+    of the same keys costs one round trip. Scans fetch keyset-paginated
+    chunks (``WHERE key > last ORDER BY key LIMIT n``), never the whole range
+    at once; ``limit`` bounds the first chunk.
+
+Faults
+    A dropped connection or a server restart: the first statement of a
+    transaction is resent on a new connection (nothing was committed or
+    returned yet); a later statement fails with ``StoreUnavailableError``
+    (the transaction is rolled back by the server); a failure while
+    committing raises ``CommitUnknownError`` (the commit may or may not have
+    been applied). The pool replaces dead connections, so the same store works
+    again as soon as the server is back. ``statement_timeout`` (a statement
+    running longer is cancelled: ``StoreTimeoutError``) and
+    ``connect_timeout`` are options.
+
+Space
+    PostgreSQL reuses the space of deleted rows by itself (autovacuum);
+    ``vacuum(full=True)`` (``VACUUM FULL``, which locks the table while it
+    rewrites it) returns it to the operating system.
+
+psycopg 3 and psycopg_pool are an optional extra (``pip install
+"kvsaver[postgres]"``), imported when a store is opened.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from .store import (
+    CorruptStoreError,
+    FormatVersionError,
+    KeyTooLongError,
+    KVError,
+    ReadOnlyError,
+    StoreClosedError,
+    StoreFullError,
+)
+
+__all__ = [
+    "CommitUnknownError",
+    "PostgresStore",
+    "StoreConflictError",
+    "StoreTimeoutError",
+    "StoreUnavailableError",
+    "is_postgres_url",
+]
+
+T = TypeVar("T")
+
+FORMAT_VERSION = 1
+_MARK = "kvsaver.kv PostgresStore format "
+MAX_KEY = 2000  # a btree index entry must fit a third of an 8 KiB page
+_FIRST_CHUNK = 64
+_MAX_CHUNK = 1024
+
+
+class StoreUnavailableError(KVError):
+    """The server cannot be reached, or the connection broke during a
+    transaction, which the server rolled back: nothing of it was written."""
+
+
+class CommitUnknownError(StoreUnavailableError):
+    """The connection broke while ``COMMIT`` was in flight: the transaction
+    may or may not have been applied. Check before redoing it (a KVSaver
+    ``put`` of the same checkpoint is idempotent and can simply be redone)."""
+
+
+class StoreConflictError(KVError):
+    """A ``SERIALIZABLE`` write transaction conflicted with a concurrent one
+    (or deadlocked) and was rolled back; ``transact`` retries these itself."""
+
+
+class StoreTimeoutError(KVError):
+    """A statement ran longer than ``statement_timeout`` and was cancelled."""
+
+
+def is_postgres_url(value: object) -> bool:
+    """True for a ``postgresql://`` or ``postgres://`` connection URL."""
+    return isinstance(value, str) and value.startswith(("postgresql://", "postgres://"))
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+        import psycopg_pool  # noqa: F401
+    except ImportError as e:  # pragma: no cover - exercised only without the extra
+        raise ImportError(
+            "PostgresStore needs psycopg 3 and psycopg_pool: pip install 'kvsaver[postgres]'"
+        ) from e
+    return psycopg
+
+
+_ABANDONED: list[Any] = []  # pools inherited through fork: never closed in the child
+
+
+class _Queries:
+    """Every statement, composed once from ``psycopg.sql`` identifiers; values
+    are always parameters (``%b``: binary bytea)."""
+
+    def __init__(self, table: str) -> None:
+        from psycopg import sql
+
+        parts = table.split(".")
+        if not 1 <= len(parts) <= 2 or not all(parts):
+            raise ValueError(f"table must be 'name' or 'schema.name', got {table!r}")
+        t = sql.Identifier(*parts)
+        self.ident = t
+        self.get = sql.SQL("SELECT value FROM {} WHERE key = %b").format(t)
+        self.get_many = sql.SQL("SELECT key, value FROM {} WHERE key = ANY(%b::bytea[])").format(t)
+        self.upsert = sql.SQL(
+            "INSERT INTO {} (key, value) SELECT * FROM unnest(%b::bytea[], %b::bytea[]) "
+            "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
+        ).format(t)
+        self.delete_many = sql.SQL("DELETE FROM {} WHERE key = ANY(%b::bytea[])").format(t)
+        self.create = sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (key bytea PRIMARY KEY, value bytea NOT NULL)"
+        ).format(t)
+        self._sql = sql
+        self._scans: dict[tuple[bool, bool, bool], Any] = {}
+        self._deletes: dict[tuple[bool, bool], Any] = {}
+
+    def _where(self, has_start: bool, has_stop: bool) -> Any:
+        sql = self._sql
+        conds = []
+        if has_start:
+            conds.append(sql.SQL("key >= %b"))
+        if has_stop:
+            conds.append(sql.SQL("key < %b"))
+        return sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conds) if conds else sql.SQL("")
+
+    def scan(self, has_start: bool, has_stop: bool, reverse: bool) -> Any:
+        q = self._scans.get((has_start, has_stop, reverse))
+        if q is None:
+            sql = self._sql
+            q = sql.SQL("SELECT key, value FROM {}{} ORDER BY key {} LIMIT %s").format(
+                self.ident,
+                self._where(has_start, has_stop),
+                sql.SQL("DESC" if reverse else "ASC"),
+            )
+            self._scans[(has_start, has_stop, reverse)] = q
+        return q
+
+    def delete_range(self, has_start: bool, has_stop: bool) -> Any:
+        q = self._deletes.get((has_start, has_stop))
+        if q is None:
+            q = self._sql.SQL("DELETE FROM {}{}").format(
+                self.ident, self._where(has_start, has_stop)
+            )
+            self._deletes[(has_start, has_stop)] = q
+        return q
+
+
+def _classify(e: BaseException) -> str:
+    """'conflict', 'lost' (connection), 'timeout', or '' for anything else."""
+    from psycopg import errors
+
+    if isinstance(e, (errors.SerializationFailure, errors.DeadlockDetected)):
+        return "conflict"
+    if isinstance(e, errors.QueryCanceled):
+        return "timeout"
+    if isinstance(e, errors.OperationalError):
+        return "lost"
+    return ""
+
+
+def _translate(e: BaseException, where: str, *, committing: bool = False) -> KVError:
+    from psycopg import errors
+
+    kind = _classify(e)
+    if kind == "conflict":
+        err: KVError = StoreConflictError(f"{where}: {e} (rolled back; retry the transaction)")
+    elif kind == "timeout":
+        err = StoreTimeoutError(f"{where}: statement cancelled by statement_timeout ({e})")
+    elif kind == "lost" and committing:
+        err = CommitUnknownError(
+            f"{where}: the connection to PostgreSQL broke while committing ({e}); the "
+            "transaction may or may not have been applied"
+        )
+    elif kind == "lost":
+        err = StoreUnavailableError(
+            f"{where}: PostgreSQL unavailable or the connection broke ({e}); "
+            "the transaction was not committed"
+        )
+    elif isinstance(e, errors.ReadOnlySqlTransaction):
+        err = ReadOnlyError(f"{where}: {e}")
+    elif isinstance(e, errors.ProgramLimitExceeded):
+        err = KeyTooLongError(f"{where}: {e}")
+    elif isinstance(e, errors.DiskFull):
+        err = StoreFullError(f"{where}: {e}")
+    else:
+        err = KVError(f"{where}: {type(e).__name__}: {e}")
+    err.__cause__ = e
+    return err
+
+
+class _PGTxn:
+    """One transaction on one pooled connection. ``_known`` holds what this
+    transaction knows of a key's current value (point reads and its own
+    writes); ``_dirty`` the writes not yet sent (``None``: delete)."""
+
+    def __init__(self, store: PostgresStore, conn: Any, write: bool) -> None:
+        self._store = store
+        self._q = store._q
+        self._conn = conn
+        self._cur = conn.cursor(binary=True)
+        self._write = write
+        self._begin = store._begin_write if write else store._begin_read
+        self._begun = False
+        self._open = True
+        self._known: dict[bytes, bytes | None] = {}
+        self._dirty: dict[bytes, bytes | None] = {}
+        # First chunks of scans not yet sent: they go with the next round trip.
+        self._queue: list[tuple[Any, Any, _Pending | None]] = []
+        self._xid = _Pending((), 1)
+        # The connection still holds the previous read's snapshot: its
+        # ROLLBACK goes first in this transaction's first round trip.
+        self._pre_rollback = False
+        self._unclaimed: dict[tuple[Any, ...], _Pending] = {}
+        self.lost = False  # the connection broke (the store discards it)
+        self.failed: KVError | None = None  # a statement failed: the txn is rolled back
+        self.may_resend = True  # nothing committed or returned yet: a retry is safe
+
+    # -- statements -------------------------------------------------------------
+    def _run(self, query: Any, params: Sequence[Any] | None) -> Any:
+        """Execute one statement (``None``: only what is queued) after BEGIN,
+        the buffered writes and the queued scans, all in one round trip; the
+        cursor, ready to fetch."""
+        if not self._open:
+            raise StoreClosedError("transaction is finished")
+        if self.failed is not None:
+            raise self.failed
+        pre: list[tuple[Any, Any, _Pending | None]] = []
+        if not self._begun:
+            pre.append((self._begin, None, None))
+            if self._write:  # the id whose fate a lost COMMIT is checked by
+                pre.append((_XID, None, self._xid))
+        pre.extend(self._queue)
+        pre.extend((q, p, None) for q, p in self._flush_statements())
+        while True:
+            try:
+                self._store._statements += len(pre) + (query is not None)
+                self._store._round_trips += 1
+                if pre:
+                    with self._conn.pipeline():
+                        if self._pre_rollback:
+                            self._cur.execute("ROLLBACK")
+                        for q, p, pending in pre:
+                            if pending is None:
+                                self._cur.execute(q, p)
+                            else:
+                                pending.cur = self._conn.cursor(binary=True)
+                                pending.cur.execute(q, p)
+                        if query is not None:
+                            self._cur.execute(query, params)
+                    for _, _, pending in pre:
+                        if pending is not None:
+                            pending.rows = pending.cur.fetchall()
+                            pending.cur = None
+                else:
+                    self._cur.execute(query, params)
+                break
+            except Exception as e:
+                if (
+                    _classify(e) == "lost"
+                    and not self._begun
+                    and self.may_resend
+                    and self._store._reconnect(self)
+                ):
+                    continue  # the first statement on a dead pooled connection: resend
+                self._fail(e, "statement")
+        self._begun = True
+        self._pre_rollback = False
+        self.may_resend = False
+        self._dirty.clear()
+        self._queue.clear()
+        return self._cur
+
+    def _fail(self, e: Exception, where: str) -> None:
+        if _classify(e) == "lost" or self._conn.broken or self._conn.closed:
+            self.lost = True
+        self.failed = _translate(e, where)
+        raise self.failed from e
+
+    def _flush_statements(self) -> list[tuple[Any, Any]]:
+        if not self._dirty:
+            return []
+        puts = [(k, v) for k, v in self._dirty.items() if v is not None]
+        dels = [k for k, v in self._dirty.items() if v is None]
+        out: list[tuple[Any, Any]] = []
+        if puts:
+            out.append((self._q.upsert, ([k for k, _ in puts], [v for _, v in puts])))
+        if dels:
+            out.append((self._q.delete_many, (dels,)))
+        return out
+
+    def _unsent_writes(self) -> list[tuple[Any, Any]]:
+        queued = [(q, p) for q, p, pending in self._queue if pending is None]
+        self._queue.clear()
+        return queued + self._flush_statements()
+
+    def finish(self, commit: bool) -> None:
+        """COMMIT (with the buffered writes, one round trip) or ROLLBACK."""
+        self._open = False
+        writes = self._unsent_writes() if commit else []
+        if not self._begun or self.lost:
+            if writes and not self.lost:
+                # Only writes, no read: BEGIN, the writes and COMMIT in one go.
+                first = [("ROLLBACK", None)] if self._pre_rollback else []
+                self._commit([*first, (self._begin, None), *writes], xid_after=len(first))
+            elif self._pre_rollback and not self.lost:
+                self._rollback_quietly()
+            return
+        if commit and self.failed is None:
+            self._commit(writes)
+            return
+        try:
+            self._store._round_trips += 1
+            self._cur.execute("ROLLBACK")
+        except Exception:
+            self.lost = True  # the server rolls back a broken session itself
+
+    def _commit(self, pre: list[tuple[Any, Any]], xid_after: int | None = None) -> None:
+        """The buffered writes and COMMIT in one pipeline (one round trip). An
+        error the server reports aborts the transaction (nothing committed).
+        A connection lost on the way: the transaction's id, fetched with its
+        first statement, is looked up on a new connection (txid_status), so
+        the outcome is known unless the server cannot be reached."""
+        with_xid = xid_after is not None
+        self._store._statements += 1 + len(pre) + with_xid
+        self._store._round_trips += 1
+        try:
+            with self._conn.pipeline():
+                for i, (q, params) in enumerate(pre):
+                    self._cur.execute(q, params)
+                    if i == xid_after:
+                        self._xid.cur = self._conn.cursor()
+                        self._xid.cur.execute(_XID)
+                self._cur.execute("COMMIT")
+                if with_xid:
+                    self._xid.rows = self._xid.cur.fetchall()
+        except Exception as e:
+            lost = _classify(e) == "lost" or self._conn.broken or self._conn.closed
+            if not lost:
+                self._rollback_quietly()
+                self.failed = _translate(e, "commit")
+                raise self.failed from e
+            self.lost = True
+            if with_xid and self._xid.rows is None and self._xid.cur is not None:
+                try:
+                    self._xid.rows = self._xid.cur.fetchall()
+                except Exception:
+                    pass
+            fate = self._store._fate(self._xid.rows[0][0] if self._xid.rows else None)
+            if fate == "committed":
+                return
+            self.failed = _translate(e, "commit", committing=fate != "aborted")
+            raise self.failed from e
+        finally:
+            self._dirty.clear()
+
+    def _rollback_quietly(self) -> None:
+        try:
+            self._cur.execute("ROLLBACK")
+        except Exception:
+            self.lost = True
+
+    # -- the Txn protocol ---------------------------------------------------------
+    def _require_write(self) -> None:
+        if not self._write:
+            raise ReadOnlyError("cannot write in a read transaction")
+        if not self._open:
+            raise StoreClosedError("transaction is finished")
+
+    def get(self, key: bytes) -> bytes | None:
+        key = bytes(key)
+        known = self._known
+        if key in known:
+            return known[key]
+        if len(key) > MAX_KEY:
+            return None
+        row = self._run(self._q.get, (key,)).fetchone()
+        value = None if row is None else row[0]
+        known[key] = value
+        return value
+
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """Values of ``keys`` (None where missing), in one round trip."""
+        keys = [bytes(k) for k in keys]
+        known = self._known
+        missing = [k for k in dict.fromkeys(keys) if k not in known and len(k) <= MAX_KEY]
+        if missing:
+            found = dict(self._run(self._q.get_many, (missing,)).fetchall())
+            for k in missing:
+                known[k] = found.get(k)
+        return [known.get(k) for k in keys]
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._require_write()
+        key, value = bytes(key), bytes(value)
+        if len(key) > MAX_KEY:
+            raise KeyTooLongError(
+                f"key of {len(key)} bytes is longer than PostgresStore's limit of {MAX_KEY} bytes"
+            )
+        self._known[key] = self._dirty[key] = value
+
+    def delete(self, key: bytes) -> bool:
+        self._require_write()
+        key = bytes(key)
+        if self.get(key) is None:
+            return False
+        self._known[key] = self._dirty[key] = None
+        return True
+
+    def delete_range(self, start: bytes | None, stop: bytes | None) -> int:
+        self._require_write()
+        if start is not None and stop is not None and start >= stop:
+            return 0
+        params = [b for b in (start, stop) if b is not None]
+        q = self._q.delete_range(start is not None, stop is not None)
+        n = int(self._run(q, params).rowcount)
+        for k in [k for k in self._known if _inside(k, start, stop)]:
+            self._known[k] = None
+        return n
+
+    def scan(
+        self,
+        start: bytes | None = None,
+        stop: bytes | None = None,
+        *,
+        reverse: bool = False,
+        limit: int | None = None,
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """Keyset-paginated chunks: the first of ``min(limit, 64)`` rows, then
+        growing to 1024, each resuming after the last key returned.
+
+        The first chunk's query is queued when ``scan`` is called and sent with
+        the next round trip (any read's, or this iterator's first ``next``):
+        a caller that calls ``scan`` and then ``get_many`` pays one round trip
+        for both. A scan called again with the same arguments before the first
+        one was iterated takes over its queued result."""
+        if limit is not None and limit <= 0:
+            return iter(())
+        if start is not None and stop is not None and start >= stop:
+            return iter(())
+        if not self._open:
+            raise StoreClosedError("transaction is finished")
+        args = (start, stop, reverse, limit)
+        token = object()
+        pending = self._unclaimed.pop(args, None)
+        if pending is not None:
+            pending.owner = token
+        else:
+            chunk = _FIRST_CHUNK if limit is None else min(limit, _MAX_CHUNK)
+            pending = _Pending(args, chunk)
+            # Writes made before this scan are sent before it.
+            self._queue.extend((q, p, None) for q, p in self._flush_statements())
+            self._dirty.clear()
+            q, params = self._scan_query(start, stop, reverse, chunk)
+            self._queue.append((q, params, pending))
+            self._unclaimed[args] = pending
+        return self._scan(pending, token)
+
+    def _scan_query(
+        self, start: bytes | None, stop: bytes | None, reverse: bool, chunk: int
+    ) -> tuple[Any, list[Any]]:
+        q = self._q.scan(start is not None, stop is not None, reverse)
+        params: list[Any] = [b for b in (start, stop) if b is not None]
+        params.append(chunk)
+        return q, params
+
+    def _scan(self, pending: _Pending, token: object) -> Iterator[tuple[bytes, bytes]]:
+        start, stop, reverse, limit = pending.args
+        chunk = pending.chunk
+        if pending.owner is None:
+            pending.owner = token
+            if self._unclaimed.get(pending.args) is pending:
+                del self._unclaimed[pending.args]
+        if pending.owner is token:
+            if pending.rows is None:
+                self._run(None, None)  # sends the queue, this scan's first chunk with it
+            rows = pending.rows
+        else:  # taken over by a later identical scan: ask again
+            q, params = self._scan_query(start, stop, reverse, chunk)
+            rows = self._run(q, params).fetchall()
+        left = limit
+        while True:
+            assert rows is not None
+            for row in rows:
+                yield row[0], row[1]
+            if left is not None:
+                left -= len(rows)
+                if left <= 0:
+                    return
+            if len(rows) < chunk:
+                return
+            last = rows[-1][0]
+            if reverse:
+                stop = last
+            else:
+                start = last + b"\x00"  # the smallest key after the last one
+            chunk = min(chunk * 4, _MAX_CHUNK)
+            if left is not None:
+                chunk = min(chunk, left)
+            q, params = self._scan_query(start, stop, reverse, chunk)
+            rows = self._run(q, params).fetchall()
+
+
+class _Pending:
+    """A scan's first chunk: queued, then its rows."""
+
+    __slots__ = ("args", "chunk", "cur", "owner", "rows")
+
+    def __init__(self, args: tuple[Any, ...], chunk: int) -> None:
+        self.args = args
+        self.chunk = chunk
+        self.cur: Any = None
+        self.owner: object | None = None
+        self.rows: list[Any] | None = None
+
+
+def _inside(k: bytes, start: bytes | None, stop: bytes | None) -> bool:
+    return (start is None or k >= start) and (stop is None or k < stop)
+
+
+class _ReadContext:
+    __slots__ = ("_store", "_txn")
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+
+    def __enter__(self) -> _PGTxn:
+        self._txn = self._store._open_txn(write=False)
+        return self._txn
+
+    def __exit__(self, *exc: object) -> None:
+        self._store._close_txn(self._txn, commit=False)
+
+
+class _WriteContext:
+    __slots__ = ("_store", "_txn")
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+
+    def __enter__(self) -> _PGTxn:
+        store = self._store
+        store._enter_writer()
+        try:
+            self._txn = store._open_txn(write=True)
+        except BaseException:
+            store._leave_writer()
+            raise
+        return self._txn
+
+    def __exit__(self, exc_type: Any, *exc: object) -> None:
+        try:
+            self._store._close_txn(self._txn, commit=exc_type is None)
+        finally:
+            self._store._leave_writer()
+
+
+class PostgresStore:
+    """An ordered ``Store`` in one PostgreSQL table, shared by every process
+    and machine that opens it. ``pipelines_reads``: a scan's first chunk is
+    queued until the next round trip (see ``kv.store``).
+
+    Args:
+        conninfo_or_pool: a connection string or URL (``postgresql://...``), or
+            a ``psycopg_pool.ConnectionPool`` (not closed by ``close()``; its
+            connections are switched to autocommit, transactions are explicit).
+        table: the table's name (``"name"`` or ``"schema.name"``).
+        readonly: every write raises ``ReadOnlyError``; the table is not created.
+        min_size, max_size: the pool's size (when a conninfo is given).
+        connect_timeout: seconds to wait for a new connection.
+        statement_timeout: seconds a statement may run (0: no limit).
+        pool_timeout: seconds to wait for a free pooled connection.
+        retries: how many times ``transact`` reruns a function after a conflict
+            or a lost connection before raising.
+        pool_options: more ``psycopg_pool.ConnectionPool`` keyword arguments.
+    """
+
+    pipelines_reads = True
+
+    def __init__(
+        self,
+        conninfo_or_pool: Any,
+        *,
+        table: str = "kv_store",
+        readonly: bool = False,
+        min_size: int = 1,
+        max_size: int = 10,
+        connect_timeout: float = 10.0,
+        statement_timeout: float = 30.0,
+        pool_timeout: float = 30.0,
+        retries: int = 10,
+        pool_options: dict[str, Any] | None = None,
+    ) -> None:
+        _psycopg()
+        from psycopg_pool import ConnectionPool
+
+        self.readonly = readonly
+        self.table = table
+        self.retries = retries
+        self._q = _Queries(table)
+        self._begin_write = "BEGIN ISOLATION LEVEL SERIALIZABLE"
+        self._begin_read = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+        self._closed = False
+        self._ready = False
+        self._setup_lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._writer: int | None = None
+        self._lingering: list[tuple[float, Any]] = []  # reads whose ROLLBACK is deferred
+        self._linger_lock = threading.Lock()
+        self._reaper: threading.Thread | None = None
+        self._statements = 0  # statements sent (tests count round trips with these)
+        self._round_trips = 0
+        self._pid = os.getpid()
+        self.pool_timeout = pool_timeout
+        if isinstance(conninfo_or_pool, ConnectionPool):
+            self._owns_pool = False
+            self._pool = conninfo_or_pool
+            self._make_pool: Callable[[], Any] | None = None
+            self.conninfo = conninfo_or_pool.conninfo
+        elif isinstance(conninfo_or_pool, str):
+            self._owns_pool = True
+            self.conninfo = conninfo_or_pool
+            ms = int(statement_timeout * 1000)
+            kwargs = {
+                "autocommit": True,
+                "connect_timeout": max(2, int(connect_timeout)),
+                "options": f"-c statement_timeout={ms}",
+            }
+            options = {"min_size": min_size, "max_size": max_size, "timeout": pool_timeout}
+            options.update(pool_options or {})
+
+            def make() -> Any:
+                return ConnectionPool(
+                    conninfo_or_pool,
+                    kwargs=kwargs,
+                    open=True,
+                    name=f"kvsaver-{table}",
+                    **options,
+                )
+
+            self._make_pool = make
+            self._pool = make()
+        else:
+            raise TypeError(
+                "PostgresStore takes a connection string (postgresql://...) or a "
+                f"psycopg_pool.ConnectionPool, got {type(conninfo_or_pool).__name__}"
+            )
+        if self._owns_pool:
+            self._finalizer = weakref.finalize(self, _close_pool, self._pool, self._pid)
+
+    # -- connections ------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"{self!r} is closed")
+        if os.getpid() != self._pid:
+            self._after_fork()
+
+    def _after_fork(self) -> None:
+        # A forked child must not use (or close: that would end the parent's
+        # sessions) the parent's connections: it gets a pool of its own.
+        if self._make_pool is None:
+            raise KVError(
+                "a PostgresStore opened on a pool cannot be used after fork(); "
+                "open a new one in the child"
+            )
+        _ABANDONED.append((self._pool, self._lingering))
+        self._lingering = []
+        self._linger_lock = threading.Lock()
+        self._reaper = None
+        self._pid = os.getpid()
+        self._pool = self._make_pool()
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, _close_pool, self._pool, self._pid)
+        self._write_lock = threading.Lock()
+        self._writer = None
+
+    def _getconn(self) -> Any:
+        from psycopg_pool import PoolTimeout
+
+        try:
+            conn = self._pool.getconn(timeout=self.pool_timeout)
+        except PoolTimeout as e:
+            raise StoreUnavailableError(
+                f"no connection to PostgreSQL within {self.pool_timeout:g} s ({e})"
+            ) from e
+        except Exception as e:
+            raise _translate(e, "connect") from e
+        if not conn.autocommit:
+            conn.autocommit = True  # transactions are explicit BEGIN ... COMMIT
+        # No server-side prepared statements: after an error inside a pipeline
+        # psycopg's cache can name a statement whose PREPARE was skipped.
+        conn.prepare_threshold = None
+        return conn
+
+    def _putconn(self, conn: Any, lost: bool) -> None:
+        if isinstance(conn, _DeadConn):
+            return
+        if lost and not conn.closed:
+            conn.close()  # the pool replaces it
+        self._pool.putconn(conn)
+
+    def _reconnect(self, txn: _PGTxn) -> bool:
+        """Swap a dead connection under a transaction that has sent nothing
+        yet; False when the store cannot (the error then propagates)."""
+        self._putconn(txn._conn, lost=True)
+        try:
+            self._pool.check()  # after a restart every idle connection is dead
+            conn = self._getconn()
+        except Exception:
+            txn._conn = _DeadConn()
+            txn.lost = True
+            return False
+        txn._conn = conn
+        txn._cur = conn.cursor(binary=True)
+        txn._pre_rollback = False  # a fresh connection has no snapshot to end
+        return True
+
+    def _open_txn(self, write: bool) -> _PGTxn:
+        self._check_open()
+        self.setup()
+        conn = self._take_lingering()
+        if conn is None:
+            return _PGTxn(self, self._getconn(), write)
+        txn = _PGTxn(self, conn, write)
+        txn._pre_rollback = True
+        return txn
+
+    def _close_txn(self, txn: _PGTxn, commit: bool) -> None:
+        # A read that went well leaves its ROLLBACK to the connection's next
+        # transaction (or to the reaper, after _LINGER seconds): one round
+        # trip less per read.
+        if (
+            not txn._write
+            and (txn._begun or txn._pre_rollback)
+            and not txn.lost
+            and txn.failed is None
+            and not txn._queue
+        ):
+            txn._open = False
+            self._linger(txn._conn)
+            return
+        try:
+            txn.finish(commit)
+        finally:
+            self._putconn(txn._conn, txn.lost)
+
+    def _linger(self, conn: Any) -> None:
+        with self._linger_lock:
+            self._lingering.append((time.monotonic(), conn))
+            if self._reaper is None:
+                self._reaper = threading.Thread(
+                    target=_reap, args=(weakref.ref(self),), name="kvsaver-pg-reaper", daemon=True
+                )
+                self._reaper.start()
+
+    def _take_lingering(self) -> Any:
+        with self._linger_lock:
+            if self._lingering:
+                return self._lingering.pop()[1]
+        return None
+
+    def _release_lingering(self, conns: list[Any]) -> None:
+        for conn in conns:
+            lost = False
+            try:
+                conn.execute("ROLLBACK")
+            except Exception:
+                lost = True
+            self._putconn(conn, lost)
+
+    def _enter_writer(self) -> None:
+        self._check_open()
+        if self.readonly:
+            raise ReadOnlyError(f"{self!r} was opened read-only")
+        me = threading.get_ident()
+        if self._writer == me:
+            raise RuntimeError("a write transaction is already open in this thread")
+        self._write_lock.acquire()
+        self._writer = me
+
+    def _leave_writer(self) -> None:
+        self._writer = None
+        self._write_lock.release()
+
+    # -- setup --------------------------------------------------------------------
+    def setup(self) -> None:
+        """Create the table (and its schema record) if it does not exist;
+        check the record if it does. Idempotent; called on first use."""
+        if self._ready:
+            return
+        with self._setup_lock:
+            if self._ready:
+                return
+            self._check_open()
+            conn = self._getconn()
+            lost = True
+            try:
+                self._setup_on(conn)
+                lost = False
+            except KVError:
+                lost = bool(conn.broken)
+                raise
+            except Exception as e:
+                raise _translate(e, f"setup of table {self.table!r}") from e
+            finally:
+                if conn.pgconn.transaction_status != 0 and not conn.closed:  # not idle
+                    try:
+                        conn.execute("ROLLBACK")
+                    except Exception:
+                        lost = True
+                self._putconn(conn, lost)
+            self._ready = True
+
+    def _setup_on(self, conn: Any) -> None:
+        from psycopg import sql
+
+        name = self._q.ident.as_string(conn)
+        marker = f"{_MARK}{FORMAT_VERSION}"
+        with conn.transaction():
+            if not self.readonly:
+                conn.execute(
+                    "SELECT pg_advisory_xact_lock(hashtext(%s))", (f"kvsaver.kv:{self.table}",)
+                )
+            row = conn.execute(
+                "SELECT obj_description(c.oid, 'pg_class'), true FROM pg_class c "
+                "WHERE c.oid = to_regclass(%s)",
+                (name,),
+            ).fetchone()
+            if row is None:
+                if self.readonly:
+                    raise CorruptStoreError(
+                        f"table {self.table!r} does not exist; open the store writable once "
+                        "to create it"
+                    )
+                conn.execute(self._q.create)
+                conn.execute(
+                    sql.SQL("COMMENT ON TABLE {} IS {}").format(self._q.ident, sql.Literal(marker))
+                )
+                return
+            comment = row[0] or ""
+            if not comment.startswith(_MARK):
+                raise CorruptStoreError(
+                    f"table {self.table!r} exists but is not a kvsaver store (its comment, the "
+                    f"schema record, is {comment!r})"
+                )
+            try:
+                version = int(comment[len(_MARK) :])
+            except ValueError:
+                raise CorruptStoreError(
+                    f"table {self.table!r} has a damaged schema record {comment!r}"
+                ) from None
+            if version > FORMAT_VERSION:
+                raise FormatVersionError(
+                    f"table {self.table!r} was written by PostgresStore format {version}; "
+                    f"this version reads format {FORMAT_VERSION} and older. Upgrade kvsaver."
+                )
+
+    # -- the Store protocol ----------------------------------------------------------
+    def read(self) -> _ReadContext:
+        return _ReadContext(self)
+
+    def write(self) -> _WriteContext:
+        return _WriteContext(self)
+
+    def transact(self, fn: Callable[[Any], T]) -> T:
+        """Run ``fn(txn)`` in a SERIALIZABLE transaction and commit. Reruns
+        ``fn`` on a fresh transaction after a serialization failure, a
+        deadlock, or a connection lost before ``COMMIT`` was sent (bounded by
+        ``retries``, exponential backoff with jitter); an exception of ``fn``
+        rolls back and reaches the caller. ``fn`` must act only through ``txn``."""
+        self._enter_writer()
+        try:
+            attempt = 0
+            while True:
+                try:
+                    txn = self._open_txn(write=True)
+                except StoreUnavailableError:
+                    if attempt >= self.retries:
+                        raise
+                else:
+                    error: BaseException | None = None
+                    try:
+                        result = fn(txn)
+                    except BaseException as e:
+                        error = e
+                    try:
+                        self._close_txn(txn, commit=error is None)
+                    except BaseException as e:
+                        error = e if error is None else error
+                    if error is None:
+                        return result
+                    if not _retryable(error, txn) or attempt >= self.retries:
+                        raise error
+                attempt += 1
+                time.sleep(min(2.0, 0.01 * 2**attempt) * (0.5 + random.random()))
+        finally:
+            self._leave_writer()
+
+    def _fate(self, xid: int | None, wait: float = 2.0) -> str | None:
+        """'committed', 'aborted' or None (unknown) for a transaction whose
+        COMMIT was lost on the way: asked on a new connection, waiting a
+        little while the server still shows it in progress."""
+        if xid is None:
+            return None
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                conn = self._getconn()
+            except KVError:
+                return None
+            lost = False
+            try:
+                row = conn.execute("SELECT txid_status(%s)", (xid,)).fetchone()
+            except Exception:
+                lost = True
+                row = None
+            finally:
+                self._putconn(conn, lost)
+            status = row[0] if row else None
+            if status in ("committed", "aborted"):
+                return str(status)
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
+
+    # -- maintenance ------------------------------------------------------------------
+    def disk_usage(self) -> int:
+        """Bytes of the table with its index and TOAST (pg_total_relation_size)."""
+        row = self._admin(
+            "SELECT pg_total_relation_size(to_regclass(%s))", with_name=True
+        ).fetchone()
+        return int(row[0] or 0)
+
+    def vacuum(self, *, full: bool = False) -> None:
+        """``VACUUM ANALYZE`` the table (``full=True``: ``VACUUM FULL``, which
+        rewrites it and returns free space to the OS, under an exclusive lock)."""
+        if self.readonly:
+            raise ReadOnlyError(f"{self!r} was opened read-only")
+        from psycopg import sql
+
+        word = "VACUUM (FULL, ANALYZE) {}" if full else "VACUUM (ANALYZE) {}"
+        self._admin(sql.SQL(word).format(self._q.ident))
+
+    def _admin(self, query: Any, *, with_name: bool = False) -> Any:
+        self._check_open()
+        self.setup()
+        conn = self._getconn()
+        lost = False
+        try:
+            params = (self._q.ident.as_string(conn),) if with_name else None
+            return conn.execute(query, params)
+        except Exception as e:
+            lost = bool(conn.broken)
+            raise _translate(e, "maintenance") from e
+        finally:
+            self._putconn(conn, lost)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if os.getpid() == self._pid:
+            with self._linger_lock:
+                conns = [c for _, c in self._lingering]
+                self._lingering = []
+            self._release_lingering(conns)
+        if self._owns_pool and os.getpid() == self._pid:
+            self._finalizer()
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"PostgresStore(table={self.table!r})"
+
+
+_XID = "SELECT txid_current()"
+
+
+def _retryable(error: BaseException, txn: _PGTxn) -> bool:
+    if isinstance(error, CommitUnknownError):
+        return False
+    if isinstance(error, StoreConflictError):
+        return True
+    return isinstance(error, StoreUnavailableError) and error is txn.failed
+
+
+_LINGER = 0.5  # seconds a read's snapshot may stay open waiting for the next transaction
+
+
+def _reap(ref: Any) -> None:
+    """Roll back connections whose deferred ROLLBACK nobody picked up."""
+    while True:
+        time.sleep(_LINGER / 2)
+        store = ref()
+        if store is None:
+            return
+        now = time.monotonic()
+        with store._linger_lock:
+            old = [c for t, c in store._lingering if now - t >= _LINGER]
+            store._lingering = [(t, c) for t, c in store._lingering if now - t < _LINGER]
+            done = store._closed or not store._lingering
+            if done:
+                store._reaper = None
+        if old and not store._closed:
+            store._release_lingering(old)
+        del store
+        if done:
+            return
+
+
+def _close_pool(pool: Any, pid: int) -> None:
+    if os.getpid() == pid:
+        pool.close()
+
+
+class _DeadConn:
+    """Stands in for a connection that could not be replaced."""
+
+    closed = True
+    broken = True

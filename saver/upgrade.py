@@ -1,0 +1,90 @@
+"""Stores of older formats (``saver/schema.py``'s format table): upgraded in
+place when opened writable, read as they are when opened read-only.
+
+``upgrade(txn, version)`` runs, inside the caller's one write transaction,
+every step from ``version`` to ``schema.FORMAT_VERSION`` and returns what
+each did, for the schema record. A step is a function of the transaction, in
+``UPGRADES`` under the format it upgrades from (as LangGraph's savers keep
+their ``MIGRATIONS``: an ordered list, never edited once released).
+
+Format 1 -> 2 (issue #12.1): write keys lose their task_path element, so a
+pending write is identified by (thread, ns, checkpoint, task_id, idx) as in
+SqliteSaver. 0.1.0 kept one write per (task_path, task_id, idx); where two
+task paths hold the same (task_id, idx), SqliteSaver would have kept one of
+them: the first written for regular writes, the last for special channels
+(a batch of special channels replaces). The 0.1.0 store does not record
+which came first, so the choice is deterministic instead: **the write with
+the smallest task_path** (the one 0.1.0's ``get_tuple`` listed first) is
+kept, the others are dropped and counted. A read-only saver on a format-1
+store makes the same choice when it reads (``first_per_identity``), so a
+store reads the same before and after its upgrade.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kvsaver.kv.keys import pack, unpack
+
+from . import schema as S
+
+_CHUNK = 4096  # keys per scan while rewriting: the scan never holds a whole keyspace
+
+LEGACY_WRITE_KEY_LEN = 7  # format 1: ("w", thread, ns, checkpoint_id, task_path, task_id, idx)
+
+
+def _writes_by_task_id(txn: Any) -> dict[str, int]:
+    """Format 1 -> 2: every write key without its task_path element."""
+    moved = dropped = 0
+    start, stop = S.keyspace_range(S.WRITE)
+    while True:
+        chunk = []
+        for key, value in txn.scan(start, stop):
+            chunk.append((key, value))
+            if len(chunk) == _CHUNK:
+                break
+        if not chunk:
+            break
+        for key, value in chunk:
+            elements = unpack(key)
+            if len(elements) != LEGACY_WRITE_KEY_LEN:
+                continue  # already rewritten (new keys sort among the old ones)
+            kind, kt, kns, kcid, _path, ktask, idx = elements
+            new_key = pack((kind, kt, kns, kcid, ktask, idx))
+            txn.delete(key)
+            moved += 1
+            held = txn.get(new_key)
+            if held is not None:
+                dropped += 1
+                if S.decode_write(held).task_path <= S.decode_write(value).task_path:
+                    continue
+            txn.put(new_key, value)
+        start = chunk[-1][0] + b"\x00"  # the smallest key after the last one read
+    return {"writes": moved, "writes_dropped": dropped}
+
+
+UPGRADES: dict[int, Callable[[Any], dict[str, int]]] = {1: _writes_by_task_id}
+
+
+def upgrade(txn: Any, version: int) -> list[dict[str, Any]]:
+    """Upgrade a store of format ``version`` to ``schema.FORMAT_VERSION``
+    inside ``txn``; one record per step: {"from", "to", counts...}."""
+    done = []
+    for old in range(version, S.FORMAT_VERSION):
+        counts = UPGRADES[old](txn)
+        done.append({"from": old, "to": old + 1, **counts})
+    return done
+
+
+def first_per_identity(recs: list[S.WriteRecord]) -> list[S.WriteRecord]:
+    """Writes in ``writes_sort_key`` order, keeping of each (task_id, idx)
+    only the first, i.e. the one with the smallest task_path: what the
+    upgrade keeps, for reading a format-1 store that is not upgraded."""
+    seen: set[tuple[str, int]] = set()
+    out = []
+    for w in recs:
+        if (w.task_id, w.idx) not in seen:
+            seen.add((w.task_id, w.idx))
+            out.append(w)
+    return out

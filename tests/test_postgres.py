@@ -1,0 +1,539 @@
+"""PostgresStore beyond the shared store suite (issue #14): round trips per
+operation, retries on conflicts, faults (a killed session, a statement
+timeout, a server restart under a running writer), two processes as two
+machines, and the schema record. On the session's throwaway cluster
+(tests/pg_helpers.py); skipped, with the reason, where PostgreSQL is not
+installed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from kvsaver import KVSaver
+from kvsaver.kv import (
+    CorruptStoreError,
+    FormatVersionError,
+    KVError,
+    PostgresStore,
+    StoreConflictError,
+    StoreTimeoutError,
+    StoreUnavailableError,
+)
+from pg_helpers import drop_tables, unique_table
+from psycopg import pq, sql
+from psycopg_pool import ConnectionPool
+from saver_helpers import config, make_checkpoint
+
+
+@pytest.fixture
+def table(postgres_url: str) -> Iterator[str]:
+    name = unique_table("pg")
+    yield name
+    drop_tables(postgres_url, [name])
+
+
+def _admin(url: str, query: Any, params: Any = None) -> list[Any]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = conn.execute(query, params)
+        return cur.fetchall() if cur.description else []
+
+
+def _kill_sessions(url: str, table: str | None = None) -> int:
+    """pg_terminate_backend every other session (of this database): what a
+    failover or a network cut does to a pool's connections."""
+    rows = _admin(
+        url,
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "WHERE pid <> pg_backend_pid() AND datname = current_database() "
+        "AND backend_type = 'client backend'",
+    )
+    return int(rows[0][0])
+
+
+# -- round trips -------------------------------------------------------------------
+
+
+class TracedPool:
+    """A one-connection pool whose connection writes libpq's protocol trace
+    to a file: every client Sync message is one round trip (the client then
+    waits for the server), counted independently of the store's code."""
+
+    def __init__(self, url: str) -> None:
+        self.trace = tempfile.TemporaryFile()
+
+        def configure(conn: psycopg.Connection) -> None:
+            conn.pgconn.trace(self.trace.fileno())
+            conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+
+        self.pool = ConnectionPool(
+            url, min_size=1, max_size=1, kwargs={"autocommit": True}, configure=configure
+        )
+        self.pool.open(wait=True)
+
+    def count(self, fn: Any) -> tuple[int, int]:
+        """(round trips, statements) that fn() sends."""
+        self.trace.seek(0)
+        self.trace.truncate()
+        fn()
+        self.trace.seek(0)
+        lines = self.trace.read().decode(errors="replace").splitlines()
+        syncs = sum(1 for ln in lines if ln.startswith("F\t") and "\tSync" in ln)
+        queries = sum(1 for ln in lines if ln.startswith("F\t") and "\tExecute" in ln)
+        return syncs, queries
+
+    def close(self) -> None:
+        self.pool.close()
+        self.trace.close()
+
+
+def _chat(saver: KVSaver, thread: str, n: int) -> list[str]:
+    ids, parent = [], None
+    for i in range(n):
+        cid = f"{i:04d}"
+        versions = {"messages": i + 1, "other": 1}
+        values = {"messages": list(range(i + 1)), "other": "x"}
+        saver.put(config(thread, "", parent), make_checkpoint(cid, values, versions), {}, versions)
+        ids.append(cid)
+        parent = cid
+    return ids
+
+
+def test_round_trips_per_operation(postgres_url: str, table: str) -> None:
+    """get_tuple = 2 round trips (BEGIN + the record's reverse scan; the
+    writes scan + the blobs' get_many; its ROLLBACK travels with the next
+    transaction's first statement), put = 1 + the commit, put_writes = 1 +
+    the commit. Counted from libpq's trace."""
+    traced = TracedPool(postgres_url)
+    try:
+        saver = KVSaver(PostgresStore(traced.pool, table=table))
+        _chat(saver, "t", 20)
+        saver.put_writes(config("t", "", "0019"), [("a", 1), ("b", 2)], "task")
+        latest = config("t")
+        figures = {
+            "get_tuple (latest)": traced.count(lambda: saver.get_tuple(latest)),
+            "get_tuple (by id)": traced.count(lambda: saver.get_tuple(config("t", "", "0010"))),
+            "put": traced.count(
+                lambda: saver.put(
+                    config("t", "", "0019"),
+                    make_checkpoint("0020", {"messages": [1]}, {"messages": 21, "other": 1}),
+                    {},
+                    {"messages": 21},
+                )
+            ),
+            "put_writes": traced.count(
+                lambda: saver.put_writes(config("t", "", "0020"), [("a", 1), ("b", 2)], "t2")
+            ),
+            "list (limit 10)": traced.count(lambda: list(saver.list(latest, limit=10))),
+        }
+        print("\nround trips, statements per operation:", json.dumps(figures))
+        assert saver.get_tuple(latest).pending_writes == [("t2", "a", 1), ("t2", "b", 2)]
+        assert figures["get_tuple (latest)"][0] == 2
+        assert figures["get_tuple (by id)"][0] == 2
+        assert figures["put"][0] == 2  # the reads (one get_many), then writes + COMMIT
+        assert figures["put_writes"][0] == 2
+        assert figures["list (limit 10)"][0] == 11  # the records' scan, then one per checkpoint
+    finally:
+        traced.close()
+
+
+def test_a_deferred_rollback_never_outlives_the_linger_time(postgres_url: str, table: str) -> None:
+    """A read leaves its connection in its transaction for the next one to end
+    (one round trip less); nobody coming, the reaper ends it: no session
+    stays idle in transaction, holding back vacuum."""
+    from kvsaver.kv import postgres as kvpg
+
+    store = PostgresStore(postgres_url, table=table)
+    try:
+        store.transact(lambda txn: txn.put(b"a", b"1"))
+        with store.read() as txn:
+            assert txn.get(b"a") == b"1"
+        query = (
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' "
+            "AND datname = current_database()"
+        )
+        assert _admin(postgres_url, query) == [(1,)]
+        store.transact(lambda txn: txn.put(b"a", b"2"))  # ends it, in its first round trip
+        with store.read() as txn:
+            assert txn.get(b"a") == b"2"  # a new snapshot
+        deadline = time.monotonic() + 10 * kvpg._LINGER
+        while _admin(postgres_url, query) != [(0,)] and time.monotonic() < deadline:
+            time.sleep(kvpg._LINGER / 5)
+        assert _admin(postgres_url, query) == [(0,)]
+    finally:
+        store.close()
+
+
+# -- transactions: conflicts and retries --------------------------------------------
+
+
+def _counter(store: PostgresStore) -> int:
+    with store.read() as txn:
+        return int(txn.get(b"n") or b"0")
+
+
+def test_transact_reruns_the_function_after_a_serialization_failure(
+    postgres_url: str, table: str
+) -> None:
+    """Two stores (two machines) increment one counter; the first attempt of
+    each is held until both have read it, so one of them must fail to
+    serialize and be rerun. Every increment lands exactly once."""
+    a = PostgresStore(postgres_url, table=table)
+    b = PostgresStore(postgres_url, table=table)
+    try:
+        a.transact(lambda txn: txn.put(b"n", b"0"))
+        both_read = threading.Barrier(2, timeout=10)
+        calls = {"a": 0, "b": 0}
+
+        def work(store: PostgresStore, name: str) -> None:
+            def fn(txn: Any) -> None:
+                calls[name] += 1
+                n = int(txn.get(b"n"))
+                if calls[name] == 1:
+                    both_read.wait()
+                txn.put(b"n", b"%d" % (n + 1))
+                txn.put(name.encode(), b"%d" % calls[name])
+
+            store.transact(fn)
+
+        threads = [threading.Thread(target=work, args=(s, n)) for s, n in ((a, "a"), (b, "b"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert _counter(a) == 2
+        assert sum(calls.values()) == 3  # exactly one rerun
+    finally:
+        a.close()
+        b.close()
+
+
+def test_conflict_in_a_write_block_raises_and_applies_nothing(
+    postgres_url: str, table: str
+) -> None:
+    a = PostgresStore(postgres_url, table=table)
+    b = PostgresStore(postgres_url, table=table)
+    try:
+        a.transact(lambda txn: txn.put(b"n", b"0"))
+        with pytest.raises(StoreConflictError, match="retry"):
+            with a.write() as ta:
+                ta.put(b"from-a", b"1")
+                ta.put(b"n", b"%d" % (int(ta.get(b"n")) + 1))
+                with b.write() as tb:
+                    tb.put(b"n", b"%d" % (int(tb.get(b"n")) + 10))
+        with a.read() as txn:
+            assert txn.get(b"n") == b"10" and txn.get(b"from-a") is None
+    finally:
+        a.close()
+        b.close()
+
+
+# -- faults ---------------------------------------------------------------------------
+
+
+def test_dead_pooled_connections_are_replaced_without_an_error(
+    postgres_url: str, table: str
+) -> None:
+    """Sessions killed while idle in the pool (a failover, a restart): the
+    next transaction's first statement is resent on a fresh connection."""
+    with KVSaver(postgres_url, table=table, pool_min_size=2) as saver:
+        _chat(saver, "t", 3)
+        assert _kill_sessions(postgres_url) >= 1
+        assert saver.get_tuple(config("t")).checkpoint["id"] == "0002"  # no error
+        _chat(saver, "u", 2)
+        assert len(list(saver.list(None))) == 5
+
+
+def test_a_session_killed_mid_transaction_fails_that_call_only(
+    postgres_url: str, table: str
+) -> None:
+    store = PostgresStore(postgres_url, table=table, retries=0)
+    try:
+        store.transact(lambda txn: txn.put(b"a", b"1"))
+        with pytest.raises(StoreUnavailableError, match="not committed"):
+            with store.write() as txn:
+                txn.put(b"b", b"2")
+                assert txn.get(b"a") == b"1"  # the transaction has begun
+                _kill_sessions(postgres_url)
+                txn.get(b"zz")  # the connection is gone: nothing was committed
+        with store.read() as txn:
+            assert list(txn.scan()) == [(b"a", b"1")]  # the same store works again
+
+        # transact() reruns the function on a new connection instead.
+        killed = []
+
+        def fn(txn: Any) -> None:
+            txn.get(b"a")
+            if not killed:
+                killed.append(_kill_sessions(postgres_url))
+            txn.put(b"c", b"3")
+
+        retrying = PostgresStore(postgres_url, table=table)
+        try:
+            retrying.transact(fn)
+            with retrying.read() as txn:
+                assert txn.get(b"c") == b"3"
+        finally:
+            retrying.close()
+    finally:
+        store.close()
+
+
+def test_statement_timeout(postgres_url: str, table: str) -> None:
+    store = PostgresStore(postgres_url, table=table, statement_timeout=0.2)
+    try:
+        store.transact(lambda txn: txn.put(b"a", b"1"))
+        with psycopg.connect(postgres_url) as blocker:  # holds the table locked
+            blocker.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(
+                sql.Identifier(table)
+            ))  # fmt: skip
+            with pytest.raises(StoreTimeoutError, match="statement_timeout"):
+                with store.read() as txn:
+                    txn.get(b"a")
+            blocker.rollback()
+        with store.read() as txn:
+            assert txn.get(b"a") == b"1"
+    finally:
+        store.close()
+
+
+def test_unreachable_server_is_a_clear_error() -> None:
+    store = PostgresStore(
+        "postgresql://postgres@127.0.0.1:9/postgres?sslmode=disable",
+        connect_timeout=2,
+        pool_timeout=1,
+    )
+    try:
+        with pytest.raises(StoreUnavailableError, match="no connection to PostgreSQL"):
+            with store.read() as txn:
+                txn.get(b"a")
+    finally:
+        store.close()
+
+
+def test_server_restart_under_a_running_writer(pg_server: Any, table: str) -> None:
+    """``pg_ctl restart -m fast`` while a writer puts checkpoints in a loop:
+    calls during the outage fail with a KVError (or are retried by
+    transact), the writer resumes on the same saver within seconds, and
+    every checkpoint whose put returned is there."""
+    saver = KVSaver(pg_server.url, table=table, pool_max_size=2)
+    acked: list[str] = []
+    errors: list[str] = []
+    stop = threading.Event()
+    first_after: list[float] = []
+    restarted = threading.Event()
+
+    def writer() -> None:
+        i = 0
+        parent = None
+        while not stop.is_set():
+            cid = f"{i:06d}"
+            versions = {"messages": i + 1}
+            try:
+                saver.put(
+                    config("w", "", parent), make_checkpoint(cid, {"messages": i}, versions), {},
+                    versions,
+                )  # fmt: skip
+            except KVError as e:
+                errors.append(type(e).__name__)
+                time.sleep(0.05)
+                continue  # the same checkpoint again: a put is idempotent
+            acked.append(cid)
+            if restarted.is_set() and not first_after:
+                first_after.append(time.monotonic())
+            parent = cid
+            i += 1
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        while len(acked) < 20:
+            time.sleep(0.01)
+        began = time.monotonic()
+        pg_server.restart()
+        back = time.monotonic()
+        restarted.set()
+        deadline = back + 30
+        while not first_after and time.monotonic() < deadline:
+            time.sleep(0.01)
+        n_at_back = len(acked)
+        while len(acked) < n_at_back + 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        t.join(60)
+    assert first_after, f"the writer did not resume within 30 s of the restart; errors={errors}"
+    print(
+        f"\nrestart took {back - began:.2f} s; first put acknowledged "
+        f"{first_after[0] - back:.2f} s after; {len(acked)} acknowledged, "
+        f"{len(errors)} failed calls during the outage ({sorted(set(errors))})"
+    )
+    with saver.store.read() as txn:  # nothing acknowledged was lost
+        stored = {saver.get_tuple(config("w", "", cid)) is not None for cid in acked}
+        assert txn is not None
+    assert stored == {True}
+    assert [t.checkpoint["id"] for t in saver.list(config("w"))][: len(acked)] == acked[::-1]
+    saver.close()
+
+
+# -- two processes as two machines -------------------------------------------------------
+
+_WRITER = r"""
+import json, sys
+from kvsaver import KVSaver
+from langgraph.checkpoint.base import empty_checkpoint
+url, table, me, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+saver = KVSaver(url, table=table, pool_max_size=2)
+errors, acked = [], []
+for i in range(n):
+    for thread in ("shared", "own-" + me):
+        cid = f"{me}-{i:04d}"
+        cp = empty_checkpoint()
+        cp["id"] = cid
+        cp["channel_values"] = {"v": [me, i]}
+        cp["channel_versions"] = {"v": f"{me}{i:04d}"}
+        conf = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+        try:
+            saver.put(conf, cp, {"step": i, "writer": me}, {"v": cp["channel_versions"]["v"]})
+            saver.put_writes({"configurable": {**conf["configurable"], "checkpoint_id": cid}},
+                             [("out", i)], "task-" + me)
+            acked.append([thread, cid])
+        except Exception as e:
+            errors.append(repr(e))
+saver.close()
+print(json.dumps({"acked": acked, "errors": errors}))
+"""
+
+_READER = r"""
+import json, sys, time
+from kvsaver import KVSaver
+url, table, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+saver = KVSaver(url, table=table, pool_max_size=2)
+errors, reads, end = [], 0, time.monotonic() + seconds
+while time.monotonic() < end:
+    try:
+        t = saver.get_tuple({"configurable": {"thread_id": "shared"}})
+        if t is not None:
+            assert t.checkpoint["channel_values"]["v"][1] >= 0
+            assert len(t.pending_writes) in (0, 1)
+        list(saver.list({"configurable": {"thread_id": "shared"}}, limit=5))
+        reads += 1
+    except Exception as e:
+        errors.append(repr(e))
+saver.close()
+print(json.dumps({"reads": reads, "errors": errors}))
+"""
+
+
+def test_two_processes_as_two_machines(postgres_url: str, table: str) -> None:
+    """Two writer processes, each with its own pool, put into one shared
+    thread and one thread of their own at the same time, while a reader
+    process reads the shared one: no error anywhere, and every acknowledged
+    checkpoint (with its write) is stored."""
+    n = 40
+    KVSaver(postgres_url, table=table).close()  # created once, before the race
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITER, postgres_url, table, me, str(n)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for me in ("m1", "m2")
+    ]
+    reader = subprocess.Popen(
+        [sys.executable, "-c", _READER, postgres_url, table, "4"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    outs = []
+    for p in [*procs, reader]:
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, err
+        outs.append(json.loads(out))
+    *writers, read = outs
+    assert [w["errors"] for w in writers] == [[], []]
+    assert read["errors"] == [] and read["reads"] > 0
+    print(f"\n2 writers x {2 * n} checkpoints, reader made {read['reads']} reads, 0 errors")
+    with KVSaver(postgres_url, table=table) as saver:
+        acked = [tuple(a) for w in writers for a in w["acked"]]
+        assert len(acked) == 2 * 2 * n
+        for thread, cid in acked:
+            t = saver.get_tuple(config(thread, "", cid))
+            assert t is not None, (thread, cid)
+            assert t.checkpoint["channel_values"]["v"][0] == cid.split("-")[0]
+            assert len(t.pending_writes) == 1
+        assert len(list(saver.list(config("shared")))) == 2 * n
+
+
+# -- the schema record ------------------------------------------------------------------
+
+
+def test_setup_is_idempotent_and_refuses_foreign_or_newer_tables(
+    postgres_url: str, table: str
+) -> None:
+    for _ in range(2):
+        with PostgresStore(postgres_url, table=table) as store:
+            store.setup()
+            store.transact(lambda txn: txn.put(b"k", b"v"))
+    comment = _admin(postgres_url, "SELECT obj_description(to_regclass(%s), 'pg_class')", (table,))
+    assert comment == [("kvsaver.kv PostgresStore format 1",)]
+
+    ident = sql.Identifier(table)
+    _admin(postgres_url, sql.SQL("COMMENT ON TABLE {} IS 'kvsaver.kv PostgresStore format 9'")
+           .format(ident))  # fmt: skip
+    with PostgresStore(postgres_url, table=table) as store, pytest.raises(FormatVersionError):
+        store.setup()
+
+    foreign = unique_table("foreign")
+    _admin(postgres_url, sql.SQL("CREATE TABLE {} (key bytea)").format(sql.Identifier(foreign)))
+    try:
+        with PostgresStore(postgres_url, table=foreign) as store:
+            with pytest.raises(CorruptStoreError, match="not a kvsaver store"), store.read():
+                pass
+        with PostgresStore(postgres_url, table=unique_table("nope"), readonly=True) as store:
+            with pytest.raises(CorruptStoreError, match="does not exist"), store.read():
+                pass
+    finally:
+        drop_tables(postgres_url, [foreign])
+
+
+def test_kvsaver_options_for_a_url(postgres_url: str, table: str) -> None:
+    with pytest.raises(TypeError, match="pool_max_size"):
+        KVSaver(postgres_url, table=table, max_size=10)
+    with pytest.raises(TypeError, match="map_size"):
+        KVSaver(postgres_url, table=table, map_size=1 << 20)
+    with KVSaver(postgres_url.replace("postgresql://", "postgres://"), table=table) as saver:
+        assert isinstance(saver.store, PostgresStore) and saver.store.table == table
+        _chat(saver, "t", 2)
+        assert saver.stats().checkpoints == 2
+        assert saver.stats().disk_bytes > 0
+    with KVSaver(postgres_url, table=table, readonly=True) as ro:
+        assert ro.get_tuple(config("t")).checkpoint["id"] == "0001"
+
+
+# -- moving an LMDB directory to PostgreSQL (the README's recipe) -----------------------
+
+
+def test_move_an_lmdb_directory_to_postgres_with_copy_all(
+    postgres_url: str, table: str, tmp_path: Any
+) -> None:
+    from kvsaver.migrate import copy_all
+    from migrate_helpers import populate, resume_all
+
+    with KVSaver(str(tmp_path / "state")) as local, KVSaver(postgres_url, table=table) as shared:
+        populate(local)
+        n = sum(1 for _ in local.list(None))
+        stats = copy_all(local, shared)  # verified: every list()/get_tuple() equal
+        assert stats.checkpoints_copied == stats.verified == n
+        assert copy_all(local, shared).checkpoints_copied == 0  # a re-run adds nothing
+        assert resume_all(shared) == resume_all(local)  # the threads continue the same
