@@ -15,10 +15,22 @@ File layout (format version 1)::
 
 A truncated, corrupt or foreign file raises ``CorruptStoreError``; a file of a
 newer format raises ``FormatVersionError``. Either way the file is left as it
-is. One process at a time may open a store for writing (an exclusive
-``flock`` on ``<path>.lock``); read-only openers share the lock and see the
-content as of their opening. Every commit costs a rewrite of the whole file:
-this store is for small state, not for long-lived production threads.
+is. Every commit costs a rewrite of the whole file: this store is for small
+state, not for long-lived production threads.
+
+Several processes (and the children of a ``fork()``) may open one file for
+writing (issue #11: they used to share one inherited lock, each rewrite the
+file from its own copy, and lose each other's puts). Every write transaction
+holds an exclusive ``flock`` on ``<path>.lock`` from its start to its commit,
+through a descriptor opened by this process (a forked child opens its own: a
+``flock`` belongs to the open file description, which ``fork()`` shares),
+and first re-reads the file when another process replaced it since this one
+last read or wrote it. A read transaction re-reads it too, so it sees every
+commit made before it began. "Replaced" is told by the file's identity
+(device, inode, size, mtime); the file last read stays open, so its inode
+cannot be reused by a new file that would look the same. The temporary file
+of a commit is made by ``mkstemp`` (``O_EXCL``, a random name) beside the
+store, so a planted symlink cannot redirect the write.
 """
 
 from __future__ import annotations
@@ -26,15 +38,20 @@ from __future__ import annotations
 import fcntl
 import os
 import struct
+import tempfile
+import threading
+import weakref
 import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import ormsgpack
 from sortedcontainers import SortedDict
 
 from ._fs import fsync_dir
 from .memory import MemoryStore, _Version
-from .store import CorruptStoreError, FormatVersionError, StoreBusyError
+from .store import CorruptStoreError, FormatVersionError
 
 __all__ = ["FileStore"]
 
@@ -51,35 +68,79 @@ class FileStore(MemoryStore):
         self.path = os.path.abspath(os.fspath(path))
         if os.path.isdir(self.path):
             raise CorruptStoreError(f"{self.path} is a directory, not a FileStore file")
-        self._lock_fd = self._take_lock()
+        self._file_lock = threading.Lock()  # guards _seen and _pin
+        self._seen: _Identity | None = None  # the file the data in memory came from
+        self._pin: int | None = None  # that file, kept open (see the module docstring)
+        self._lock_fd: int | None = None
+        self._persisted: tuple[int, _Identity] = (-1, (0, 0, 0, 0))  # see _commit
+        self._pid = os.getpid()
         try:
-            if os.path.exists(self.path):
-                self._current = _Version(self._read_file())
-            elif readonly:
+            if not readonly:
+                self._lock_fd = self._open_lock()
+            elif not os.path.exists(self.path):
                 raise FileNotFoundError(f"no FileStore at {self.path}")
+            self._refresh()
         except BaseException:
-            os.close(self._lock_fd)
+            self._close_fds()
             raise
+        _LIVE.add(self)
 
-    def _take_lock(self) -> int:
-        lock_path = self.path + ".lock"
-        if self.readonly:
-            fd = os.open(lock_path, os.O_RDONLY | os.O_CREAT, 0o644)
-        else:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    def _open_lock(self) -> int:
+        return os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        # Called under the in-process write lock, so one thread at a time here.
+        if self._pid != os.getpid():
+            # Forked: the inherited descriptor shares the parent's lock. Closing
+            # our copy leaves the parent's lock alone (flock(LOCK_UN) would not).
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)
+                self._lock_fd = None
+            self._lock_fd = self._open_lock()
+            self._pid = os.getpid()
+        fd = self._lock_fd
+        assert fd is not None
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
-            fcntl.flock(fd, (fcntl.LOCK_SH if self.readonly else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise StoreBusyError(
-                f"{self.path} is open for writing in another process; a FileStore has "
-                "one writer at a time (use LMDBStore for several processes)"
-            ) from None
-        return fd
+            self._refresh()  # another process may have committed since
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
 
-    def _read_file(self) -> SortedDict:
-        with open(self.path, "rb") as f:
-            raw = f.read()
+    def _refresh(self) -> None:
+        """Load the file when it is not the one the data in memory came from."""
+        with self._file_lock:
+            try:
+                st = os.stat(self.path)
+            except FileNotFoundError:
+                if self._seen is None:
+                    return  # nothing committed yet: the store is empty
+                raise CorruptStoreError(
+                    f"{self.path} was deleted or moved away while this FileStore had it "
+                    "open; open it again"
+                ) from None
+            if _identity(st) == self._seen:
+                return
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                with os.fdopen(os.dup(fd), "rb") as f:
+                    raw = f.read()
+                data = self._parse(raw)
+                seen = _identity(os.fstat(fd))
+            except BaseException:
+                os.close(fd)
+                raise
+            with self._lock:
+                self._current = _Version(data)
+            self._adopt(fd, seen)
+
+    def _adopt(self, fd: int, seen: _Identity) -> None:
+        old, self._pin, self._seen = self._pin, fd, seen
+        if old is not None:
+            os.close(old)
+
+    def _parse(self, raw: bytes) -> SortedDict:
         if len(raw) < _HEADER.size or raw[:8] != MAGIC:
             raise CorruptStoreError(f"{self.path} is not a FileStore file (bad header)")
         _, version, crc, length = _HEADER.unpack_from(raw)
@@ -115,21 +176,48 @@ class FileStore(MemoryStore):
             flat.append(v)
         body = ormsgpack.packb(flat)
         header = _HEADER.pack(MAGIC, FORMAT_VERSION, zlib.crc32(body), len(body))
-        tmp = f"{self.path}.tmp.{os.getpid()}"
+        directory, name = os.path.split(self.path)
+        # mkstemp: O_EXCL and a random name, never through a planted symlink
+        # (issue #11: the name used to be "<path>.tmp.<pid>").
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
         try:
-            with open(tmp, "wb") as f:
+            os.fchmod(fd, self._mode())
+            with os.fdopen(os.dup(fd), "wb") as f:
                 f.write(header)
                 f.write(body)
                 f.flush()
                 os.fsync(f.fileno())
+            seen = _identity(os.fstat(fd))
             os.replace(tmp, self.path)
         except BaseException:
+            os.close(fd)
             try:
                 os.unlink(tmp)
             except FileNotFoundError:
                 pass
             raise
-        fsync_dir(os.path.dirname(self.path))
+        try:
+            fsync_dir(directory)
+        except BaseException:
+            os.close(fd)  # not adopted: the next transaction reads the file back
+            raise
+        self._persisted = (fd, seen)
+
+    def _commit(self, txn: Any, overlay: SortedDict) -> None:
+        # The new file's identity is adopted only once its data is published
+        # in memory: a reader thread, or a child forked meanwhile, that sees
+        # the old identity reads the file again instead of trusting old data.
+        super()._commit(txn, overlay)
+        fd, seen = self._persisted
+        with self._file_lock:
+            self._adopt(fd, seen)
+
+    def _mode(self) -> int:
+        """Permissions for a new version of the file: the current one's."""
+        try:
+            return os.stat(self.path).st_mode & 0o7777
+        except FileNotFoundError:
+            return 0o644
 
     def disk_usage(self) -> int:
         """Bytes of the store file (0 before the first commit)."""
@@ -139,7 +227,37 @@ class FileStore(MemoryStore):
         except FileNotFoundError:
             return 0
 
+    def _close_fds(self) -> None:
+        for name in ("_lock_fd", "_pin"):
+            fd = getattr(self, name)
+            if fd is not None:
+                setattr(self, name, None)
+                os.close(fd)
+
     def close(self) -> None:
         if not self._closed:
             super().close()
-            os.close(self._lock_fd)
+            self._close_fds()
+
+
+_Identity = tuple[int, int, int, int]
+
+
+def _identity(st: os.stat_result) -> _Identity:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+_LIVE: weakref.WeakSet[FileStore] = weakref.WeakSet()
+
+
+def _after_fork_child() -> None:
+    # Threads of the parent do not exist here: a lock one of them held would
+    # stay held forever. The lock file is reopened on first write (_writing).
+    for store in list(_LIVE):
+        store._lock = threading.Lock()
+        store._write_lock = threading.Lock()
+        store._file_lock = threading.Lock()
+        store._writer = None
+
+
+os.register_at_fork(after_in_child=_after_fork_child)

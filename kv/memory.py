@@ -13,7 +13,7 @@ import bisect
 import itertools
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, TypeVar
 
 from sortedcontainers import SortedDict
@@ -167,10 +167,18 @@ class MemoryStore:
         self._writer: int | None = None
         self._closed = False
 
-    # -- hook for FileStore ----------------------------------------------
+    # -- hooks for FileStore ---------------------------------------------
     def _persist(self, items: Iterator[tuple[bytes, bytes]]) -> None:
         """Called with every (key, value) of the state about to be committed,
         before it is published; an exception aborts the commit."""
+
+    def _refresh(self) -> None:
+        """Called before a read transaction begins: adopt newer data, if any."""
+
+    def _writing(self) -> AbstractContextManager[None]:
+        """Held around a whole write transaction, after the in-process lock
+        (FileStore: the cross-process lock, and a refresh under it)."""
+        return nullcontext()
 
     # -- protocol ---------------------------------------------------------
     def _check_open(self) -> None:
@@ -180,6 +188,7 @@ class MemoryStore:
     @contextmanager
     def read(self) -> Iterator[_MemTxn]:
         self._check_open()
+        self._refresh()
         with self._lock:
             version = self._current
             version.readers += 1
@@ -201,14 +210,15 @@ class MemoryStore:
         with self._write_lock:
             self._writer = threading.get_ident()
             try:
-                overlay: dict[bytes, Any] = {}
-                txn = _MemTxn(self._current.data, overlay)
-                try:
-                    yield txn
-                finally:
-                    txn._open = False
-                if overlay:
-                    self._commit(txn, overlay)
+                with self._writing():
+                    overlay: dict[bytes, Any] = {}
+                    txn = _MemTxn(self._current.data, overlay)
+                    try:
+                        yield txn
+                    finally:
+                        txn._open = False
+                    if overlay:
+                        self._commit(txn, overlay)
             finally:
                 self._writer = None
 

@@ -26,6 +26,7 @@ from collections.abc import (
 )
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Literal, TypeVar
+from uuid import UUID
 
 from kvsaver.kv import (
     CorruptStoreError,
@@ -88,7 +89,28 @@ def _thread_ns(config: RunnableConfig, what: str) -> tuple[str, str, dict[str, A
             "belongs to a thread, e.g. {'configurable': {'thread_id': 'user-42'}}"
         )
     ns = conf.get("checkpoint_ns")
-    return str(thread), "" if ns is None else str(ns), conf
+    thread = _id(thread, f"{what}: config['configurable']['thread_id']")
+    return thread, "" if ns is None else _id(ns, f"{what}: checkpoint_ns"), conf
+
+
+def _id(value: Any, what: str) -> str:
+    """An id as stored: a str, or an int or UUID as its text (SqliteSaver
+    str()s every id). Anything else is refused rather than stored as "None"
+    or "<object at 0x...>", and so is a str that UTF-8 cannot encode (issue
+    #11: a lone surrogate used to end in a bare TypeError from the encoder)."""
+    if not isinstance(value, (str, int, UUID)) or isinstance(value, bool):
+        kind = type(value).__name__
+        raise TypeError(f"{what} must be a str (or an int or UUID), not {kind}: {value!r}")
+    text = str(value)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(
+                f"{what} {text!r} is not a valid id: it contains a lone surrogate "
+                f"({text[e.start]!r} at index {e.start}), which UTF-8 cannot encode"
+            ) from None
+    return text
 
 
 def _id_list(value: Any, what: str) -> list[str]:
@@ -97,7 +119,7 @@ def _id_list(value: Any, what: str) -> list[str]:
             f"{what} takes a list of ids, not a single string {value!r}; "
             f"write {what.split('(')[0]}([{value!r}])"
         )
-    return [str(v) for v in value]
+    return [_id(v, f"{what}: an id") for v in value]
 
 
 def _config(thread: str, ns: str, checkpoint_id: str) -> RunnableConfig:
@@ -471,7 +493,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         dumps = self.serde.dumps_typed
         cp = dict(checkpoint)
         values: dict[str, Any] = cp.pop("channel_values", None) or {}
-        checkpoint_id = str(cp["id"])
+        checkpoint_id = _id(cp["id"], "put: checkpoint['id']")
         # Lists as plain msgpack: stored as deltas where they extend (issue #15).
         codec = D.codec(self.serde)
         blobs = codec.prepare(thread, ns, new_versions, values, dumps)
@@ -537,8 +559,9 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 "put_writes: config['configurable']['checkpoint_id'] is missing; writes "
                 "belong to a stored checkpoint"
             )
-        checkpoint_id = str(checkpoint_id)
-        task_id, task_path = str(task_id), str(task_path)
+        checkpoint_id = _id(checkpoint_id, "put_writes: checkpoint_id")
+        task_id = _id(task_id, "put_writes: task_id")
+        task_path = _id(task_path, "put_writes: task_path")
         dumps = self.serde.dumps_typed
         idxs = [WRITES_IDX_MAP.get(channel, idx) for idx, (channel, _) in enumerate(writes)]
         keys = S.write_keys(thread, ns, checkpoint_id, task_id, idxs)
@@ -567,8 +590,9 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, blob and write of a thread, in one transaction."""
+        thread = _id(thread_id, "delete_thread: thread_id")
         with self.store.write() as txn:
-            TH.delete_thread(txn, str(thread_id))
+            TH.delete_thread(txn, thread)
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) created by the given runs,
@@ -593,7 +617,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         """Copy every checkpoint, blob and write (the complete parent chain) of
         one thread to another, in one transaction. Records already on the
         target with the same ids are overwritten; others are kept."""
-        src, dst = str(source_thread_id), str(target_thread_id)
+        src = _id(source_thread_id, "copy_thread: source_thread_id")
+        dst = _id(target_thread_id, "copy_thread: target_thread_id")
         if src == dst:
             return
         with self.store.write() as txn:

@@ -46,7 +46,11 @@ Two ways in, one check:
 
 * ``verify(source, dest, namespaces)`` compares ``list()`` and
   ``get_tuple()`` of both, per (thread, namespace), and raises
-  ``VerificationError`` naming the first difference.
+  ``VerificationError`` naming the first difference. The verification that
+  ``migrate_from_sqlite`` and ``copy_all`` run reads both sides in
+  LangGraph's strict msgpack mode when both use a ``JsonPlusSerializer``
+  without an allowlist (``_strict_pair``). The copy itself decodes values
+  with the source's serializer: migrate only from a source you trust.
 
 Only ``kv``'s ``Store`` protocol and ``saver``'s own modules are used; the
 ``SqliteSaver`` used for verification is imported when needed (the
@@ -55,15 +59,18 @@ Only ``kv``'s ``Store`` protocol and ``saver``'s own modules are used; the
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import math
 import os
 import reprlib
+import signal
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -176,6 +183,93 @@ class MigrationStats:
     def rate(self) -> float:
         """Checkpoints copied per second."""
         return self.checkpoints_copied / self.seconds if self.seconds > 0 else 0.0
+
+
+# -- verification reads in strict msgpack mode ---------------------------------------
+
+
+def _strict_serde(serde: SerializerProtocol) -> SerializerProtocol | None:
+    """``serde`` in LangGraph's strict msgpack mode, when it is a
+    ``JsonPlusSerializer`` (bare or inside KVSaver's compression) without an
+    allowlist or ext hook of its own; else None (an allowlist, encryption, a
+    serializer of the user's: used as they are). Strict mode rebuilds only LangGraph's
+    safe types; any other class or function named in stored data comes back
+    as its raw arguments instead of being imported and called."""
+    comp = serde if isinstance(serde, CompressingSerializer) else None
+    inner = comp.serde if comp is not None else serde
+    if type(inner) is not JsonPlusSerializer or getattr(inner, "_custom_unpack_ext_hook", True):
+        return None  # not LangGraph's own decoding: the user's to decide
+    # LangGraph keeps the policy here: True = permissive (the default unless
+    # LANGGRAPH_STRICT_MSGPACK is set), None = strict, a set = an allowlist.
+    policy = getattr(inner, "_allowed_msgpack_modules", False)
+    if policy is None:
+        return serde
+    if policy is not True:
+        return None
+    strict = JsonPlusSerializer(pickle_fallback=inner.pickle_fallback, allowed_msgpack_modules=None)
+    return comp.with_inner(strict) if comp is not None else strict
+
+
+def _strict_pair(
+    source: BaseCheckpointSaver, dest: BaseCheckpointSaver
+) -> tuple[BaseCheckpointSaver, BaseCheckpointSaver]:
+    """The two savers as verification reads them: both in strict msgpack mode
+    when both can be (issue #11: verification decodes every stored value, and
+    in the default mode a crafted one can name any importable callable for the
+    decoder to run); else both as they are, so both sides decode alike."""
+    strict = [_strict_serde(source.serde), _strict_serde(dest.serde)]
+    if None in strict:
+        return source, dest
+    views = []
+    for saver, serde in zip((source, dest), strict):
+        if serde is not saver.serde:
+            saver = copy.copy(saver)
+            saver.serde = serde  # type: ignore[assignment]
+        views.append(saver)
+    return views[0], views[1]
+
+
+# -- Ctrl-C ----------------------------------------------------------------------------
+
+
+@contextmanager
+def _interrupts() -> Iterator[Callable[[], bool]]:
+    """Yields ``interrupted()``: whether Ctrl-C (SIGINT) came meanwhile.
+
+    Decoding can swallow a KeyboardInterrupt (issue #11): LangGraph's msgpack
+    ``ext_hook`` (and ours, ``_keep_ext``) runs inside ormsgpack, which
+    replaces any exception raised in a hook, KeyboardInterrupt included, by
+    ``ValueError('ext_hook failed')``; LangGraph's hook may then catch that
+    in a nested value and decode it to a fallback value. So while a migration
+    runs, SIGINT is also recorded here (in the main thread; the previous
+    handler still runs), a batch commits only if none came, and an exception
+    that ends the migration after one is raised as the KeyboardInterrupt it
+    was, as is a migration that finished anyway.
+    """
+    hits: list[int] = []
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT) if main else None
+    if not callable(previous):  # another thread, or SIGINT ignored or not from Python
+        yield lambda: False
+        return
+
+    def record(signum: int, frame: Any) -> None:
+        hits.append(signum)
+        previous(signum, frame)
+
+    signal.signal(signal.SIGINT, record)
+    try:
+        yield lambda: bool(hits)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:
+        if hits:
+            raise KeyboardInterrupt() from e
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if hits:
+        raise KeyboardInterrupt()
 
 
 # -- the SQLite source ------------------------------------------------------------
@@ -313,6 +407,30 @@ class _Source:
             (thread, ns, checkpoint_id),
         ).fetchall()
 
+    def pickled(self) -> Iterator[tuple[str, str, tuple[str, bytes]]]:
+        """("checkpoint" or "write", where, typed value) of every value stored
+        as type "pickle" (a serializer's ``pickle_fallback``)."""
+        for t, ns, cid, ctype, cbytes in self.conn.execute(
+            "SELECT thread_id, checkpoint_ns, checkpoint_id, type, checkpoint FROM checkpoints "
+            "WHERE type = 'pickle'"
+        ):
+            yield "checkpoint", _describe(str(t), str(ns or ""), str(cid)), (ctype, cbytes)
+        if not self.has_writes:
+            return
+        for t, ns, cid, task_id, channel, wtype, wvalue in self.conn.execute(
+            "SELECT thread_id, checkpoint_ns, checkpoint_id, task_id, channel, type, value "
+            "FROM writes WHERE type = 'pickle'"
+        ):
+            where = _describe(str(t), str(ns or ""), str(cid))
+            yield (
+                "write",
+                f"{where}, pending write of task {task_id!r} to {channel!r}",
+                (
+                    wtype,
+                    wvalue,
+                ),
+            )
+
     def has_checkpoint(self, thread: str, ns: str, checkpoint_id: str) -> bool:
         return (
             self.conn.execute(
@@ -382,6 +500,36 @@ def _raw_copy_limit(src: SerializerProtocol, dst: SerializerProtocol) -> float:
         # exactly as JsonPlusSerializer made them; larger ones get compressed.
         return math.inf if dst.threshold is None else dst.threshold
     return 0
+
+
+def _check_pickled(src: _Source, source: SerializerProtocol, dest: SerializerProtocol) -> None:
+    """Refuse up front, before anything is copied, a source whose pickled
+    values (type "pickle", from a serializer's ``pickle_fallback``) cannot be
+    read with ``source`` or encoded by ``dest``. Those that pass are decoded
+    and re-encoded by the copy, never copied as they are (issue #11: they
+    were, and the destination could not read them back)."""
+    for kind, where, typed in src.pickled():
+        try:
+            value = source.loads_typed(typed)
+        except Exception as e:
+            raise MigrationError(
+                f"{where}: the {kind} was stored pickled (type 'pickle', a serializer's "
+                f"pickle_fallback) and the source serializer does not read pickles ({e!r}). "
+                "If you trust this database, pass "
+                "source_serde=JsonPlusSerializer(pickle_fallback=True); nothing was copied"
+            ) from None
+        try:
+            if kind == "checkpoint" and isinstance(value, dict):
+                for channel_value in (value.pop("channel_values", None) or {}).values():
+                    dest.dumps_typed(channel_value)
+            dest.dumps_typed(value)
+        except Exception as e:
+            raise MigrationError(
+                f"{where}: the {kind} was stored pickled (type 'pickle', a serializer's "
+                f"pickle_fallback) and the destination's serializer cannot encode it ({e!r}); "
+                "KVSaver's default serializer never pickles. Make the value serializable, "
+                "or give the destination a serializer that can store it; nothing was copied"
+            ) from None
 
 
 def _first_foreign(store: Any, is_ours: Callable[[str, str, str], bool]) -> str | None:
@@ -464,6 +612,36 @@ def migrate_from_sqlite(
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    with _interrupts() as interrupted:
+        return _migrate_from_sqlite(
+            source,
+            dest,
+            merge=merge,
+            dry_run=dry_run,
+            verify=verify,
+            batch_size=batch_size,
+            source_serde=source_serde,
+            check_source=check_source,
+            progress=progress,
+            dest_options=dest_options,
+            interrupted=interrupted,
+        )
+
+
+def _migrate_from_sqlite(
+    source: str | os.PathLike[str],
+    dest: KVSaver | str | os.PathLike[str],
+    *,
+    merge: bool,
+    dry_run: bool,
+    verify: bool,
+    batch_size: int,
+    source_serde: SerializerProtocol | None,
+    check_source: bool,
+    progress: ProgressFn | None,
+    dest_options: Mapping[str, Any] | None,
+    interrupted: Callable[[], bool],
+) -> MigrationStats:
     src = _Source(source, check=check_source)
     stats = MigrationStats(
         source=src.path,
@@ -484,9 +662,16 @@ def migrate_from_sqlite(
                 foreign = _first_foreign(saver.store, src.has_checkpoint)
                 if foreign is not None:
                     raise _refuse(stats.dest, src.path, foreign)
+            _check_pickled(
+                src,
+                source_serde or JsonPlusSerializer(),
+                saver.serde if saver is not None else JsonPlusSerializer(),
+            )
             started = time.perf_counter()
             try:
-                _copy_sqlite(src, saver, stats, dry_run, batch_size, source_serde, progress)
+                _copy_sqlite(
+                    src, saver, stats, dry_run, batch_size, source_serde, progress, interrupted
+                )
             except sqlite3.DatabaseError as e:
                 raise MigrationError(
                     f"reading {src.path} failed: {e}. The batches committed before this "
@@ -505,8 +690,7 @@ def migrate_from_sqlite(
                 sqlite_saver = open_sqlite_saver(src.path, serde=source_serde)
                 try:
                     stats.verified = _verify(
-                        sqlite_saver,
-                        saver,
+                        *_strict_pair(sqlite_saver, saver),
                         src.namespace_list,
                         exact=not merge,
                         progress=progress,
@@ -534,6 +718,7 @@ def _copy_sqlite(
     batch_size: int,
     source_serde: SerializerProtocol | None,
     progress: ProgressFn | None,
+    interrupted: Callable[[], bool],
 ) -> None:
     serde = saver.serde if saver is not None else JsonPlusSerializer()
     loads = (source_serde or JsonPlusSerializer()).loads_typed
@@ -591,12 +776,14 @@ def _copy_sqlite(
                     stats.writes_copied += 1
                     if dry_run:
                         continue
-                    if wvalue is not None and len(wvalue) < raw_limit:
+                    if wvalue is not None and len(wvalue) < raw_limit and wtype != "pickle":
                         value = (wtype, wvalue)  # the bytes dumps() would make again
                     else:
                         value = dumps(loads((wtype, wvalue)))
                     record = S.WriteRecord(task_id, str(channel), value, task_path, int(idx))
                     put(wkey, S.encode_write(record))
+            if interrupted():  # a value of this batch may be a swallowed Ctrl-C's fallback
+                raise KeyboardInterrupt()
         done += len(rows)
         if progress is not None:
             progress("copy", done, src.checkpoints)
@@ -820,6 +1007,18 @@ def copy_all(
     ``verify`` (default) both are compared afterwards (see ``verify``).
     See the module docstring for what public methods cannot carry.
     """
+    with _interrupts() as interrupted:
+        return _copy_all(source, dest, merge, verify, progress, interrupted)
+
+
+def _copy_all(
+    source: BaseCheckpointSaver,
+    dest: BaseCheckpointSaver,
+    merge: bool,
+    verify: bool,
+    progress: ProgressFn | None,
+    interrupted: Callable[[], bool],
+) -> MigrationStats:
     stats = MigrationStats(source=repr(source), dest=repr(dest))
     existing: dict[tuple[str, str, str], int] = {
         _ids(t.config): len(t.pending_writes or []) for t in dest.list(None)
@@ -839,6 +1038,8 @@ def copy_all(
         writes = tup.pending_writes or []
         stats.writes += len(writes)
         key = (thread, ns, cid)
+        if interrupted():  # a value of tup may be a swallowed Ctrl-C's fallback
+            raise KeyboardInterrupt()
         if key in existing:
             stats.checkpoints_present += 1
             if existing[key] >= len(writes):
@@ -858,6 +1059,8 @@ def copy_all(
             )
             stats.checkpoints_copied += 1
         for task_path, task_id, group in _write_groups(source, tup):
+            if interrupted():
+                raise KeyboardInterrupt()
             dest.put_writes(_cfg(thread, ns, cid), group, task_id, task_path)
         stats.writes_copied += len(writes)
     stats.seconds = time.perf_counter() - started
@@ -867,8 +1070,7 @@ def copy_all(
     if verify:
         started = time.perf_counter()
         stats.verified = _verify(
-            source,
-            dest,
+            *_strict_pair(source, dest),
             stats.namespace_list,
             exact=not merge,
             writes_order=isinstance(source, KVSaver),

@@ -11,8 +11,10 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from typing import Any
 
 import pytest
+from crafted_helpers import plant
 from kvsaver import KVSaver
 from kvsaver import schema as S
 from kvsaver.kv.keys import pack, prefix_range
@@ -29,6 +31,8 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.base.id import uuid6
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.checkpoint.sqlite import SqliteSaver
 from migrate_helpers import (
     ROOT,
     build_synthetic_sqlite,
@@ -486,6 +490,72 @@ def test_encrypted_destination_reencodes(graphs_db, tmp_path):
             list(plain.list(None))
 
 
+def _pickled_source(path: str, *, checkpoint: bool = True) -> int:
+    """A real SqliteSaver with pickle_fallback=True, holding an int too large
+    for msgpack (so it falls back to pickle) as a small pending write, and
+    (``checkpoint``) a whole checkpoint that had to be pickled. Returns the int."""
+    big = 2**70 + 3
+    saver = SqliteSaver(
+        sqlite3.connect(path, check_same_thread=False),
+        serde=JsonPlusSerializer(pickle_fallback=True),
+    )
+    v = {"n": saver.get_next_version(None, None)}
+    plain = empty_checkpoint()
+    plain["channel_values"], plain["channel_versions"] = {"n": 1}, dict(v)
+    saved = saver.put({"configurable": {"thread_id": "t", "checkpoint_ns": ""}}, plain, {}, v)
+    saver.put_writes(saved, [("n", big)], "task-1")
+    if checkpoint:
+        v2 = {"n": saver.get_next_version(v["n"], None)}
+        pickled = empty_checkpoint()
+        pickled["channel_values"], pickled["channel_versions"] = {"n": big}, dict(v2)
+        saver.put(saved, pickled, {}, v2)
+    q = saver.conn.execute
+    assert [r[0] for r in q("SELECT type FROM writes")] == ["pickle"]  # by SqliteSaver itself
+    expected = ["msgpack", "pickle"] if checkpoint else ["msgpack"]
+    assert sorted(r[0] for r in q("SELECT type FROM checkpoints")) == expected
+    saver.conn.close()
+    return big
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["write", "write+checkpoint"])
+@pytest.mark.parametrize("verify_", [True, False])
+def test_pickled_source_values_are_refused_up_front(tmp_path, verify_, checkpoint):
+    """Issue #11: small pickled writes were copied as they were, type "pickle",
+    which KVSaver cannot read: verify=False reported success, verify=True
+    ended in an uncaught NotImplementedError."""
+    source = str(tmp_path / "pickled.sqlite")
+    _pickled_source(source, checkpoint=checkpoint)
+    dest = str(tmp_path / "state")
+    with pytest.raises(MigrationError, match="pickle") as info:
+        migrate_from_sqlite(
+            source,
+            dest,
+            verify=verify_,
+            source_serde=JsonPlusSerializer(pickle_fallback=True),
+        )
+    assert "nothing was copied" in str(info.value) and "thread 't'" in str(info.value)
+    with KVSaver(dest) as kv:
+        assert checkpoint_count(kv.store) == 0
+    # Without a source serializer that reads pickles: refused as well, saying how.
+    with pytest.raises(MigrationError, match="pickle_fallback=True"):
+        migrate_from_sqlite(source, dest, verify=verify_)
+
+
+def test_pickled_source_values_are_reencoded_for_the_destination(tmp_path):
+    """A destination whose serializer can store the value gets it re-encoded
+    by that serializer (not the source's bytes), and reads it back."""
+    source = str(tmp_path / "pickled.sqlite")
+    big = _pickled_source(source)
+    with KVSaver(str(tmp_path / "state"), serde=JsonPlusSerializer(pickle_fallback=True)) as kv:
+        stats = migrate_from_sqlite(
+            source, kv, source_serde=JsonPlusSerializer(pickle_fallback=True)
+        )
+        assert stats.verified == stats.checkpoints == 2
+        tuples = list(kv.list({"configurable": {"thread_id": "t"}}))
+        assert tuples[0].checkpoint["channel_values"] == {"n": big}
+        assert tuples[1].pending_writes == [("task-1", "n", big)]
+
+
 # -- copy_all through public methods (no server needed) -------------------------------
 
 
@@ -545,3 +615,122 @@ def test_progress_bar_on_a_terminal_and_plain_lines_elsewhere():
     counter("copy", 6, 0)  # within the same second: not printed
     assert unknown.getvalue().startswith("copy: 5 checkpoints, ")
     assert unknown.getvalue().count("\n") == 1
+
+
+# -- Ctrl-C (issue #11) ------------------------------------------------------------------
+
+
+def _ctrl_c_inside_a_hook(armed: list[bool]) -> JsonPlusSerializer:
+    """LangGraph's serializer whose msgpack ext_hook, once ``armed``, sends this
+    process SIGINT and lets the handler run right there, inside the hook: the
+    KeyboardInterrupt that ormsgpack used to turn into ValueError('ext_hook failed')."""
+    real = JsonPlusSerializer()._unpack_ext_hook
+
+    def hook(code: int, data: bytes) -> Any:
+        if armed[0]:
+            armed[0] = False
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # the Python handler runs at a bytecode boundary here
+                pass
+        return real(code, data)
+
+    return JsonPlusSerializer(__unpack_ext_hook__=hook)
+
+
+@pytest.mark.parametrize("phase", ["copy", "verify"])
+def test_ctrl_c_inside_decoding_is_a_keyboard_interrupt(tmp_path, phase):
+    source = str(tmp_path / "chat.sqlite")
+    total = build_synthetic_sqlite(source, threads=3, per_thread=20)
+    dest = str(tmp_path / "state")
+    armed = [False]
+    fired = []
+
+    def progress(now: str, done: int, _total: int) -> None:
+        # Once: mid-copy after the first batch, or as verification starts.
+        if now == phase and (done > 0 or phase == "verify") and not fired:
+            fired.append(done)
+            armed[0] = True
+
+    with pytest.raises(KeyboardInterrupt):
+        migrate_from_sqlite(
+            source,
+            dest,
+            batch_size=5,
+            source_serde=_ctrl_c_inside_a_hook(armed),
+            progress=progress,
+            dest_options={"durability": "none"},
+        )
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    with KVSaver(dest) as kv:
+        copied = checkpoint_count(kv.store)
+    if phase == "copy":
+        assert 0 < copied < total and copied % 5 == 0  # whole batches only
+    else:
+        assert copied == total
+    stats = migrate_from_sqlite(source, dest)  # resumes; what was committed verifies
+    assert stats.checkpoints_present == copied and stats.verified == total
+
+
+def _sigint_cli(source: str, dest: str, phase: str) -> tuple[int, str]:
+    """The tool in a subprocess, sent SIGINT once ``phase`` has made progress."""
+    args = [source, dest, "--batch-size", "10", "--durability", "none"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tools.migrate_from_sqlite", *args],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stderr is not None
+    lines = []
+    try:
+        for line in proc.stderr:  # plain progress lines: stderr is a pipe
+            lines.append(line)
+            if line.startswith(f"{phase}: ") and not line.startswith(f"{phase}: 0/"):
+                proc.send_signal(signal.SIGINT)
+                break
+        lines.append(proc.stderr.read())
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    return proc.returncode, "".join(lines)
+
+
+@pytest.mark.parametrize("phase", ["copy", "verify"])
+def test_ctrl_c_in_the_tool_exits_130_and_rerun_resumes(tmp_path, capsys, phase):
+    """It printed ValueError('ext_hook failed') and exited 2 (copy) or 1,
+    "a difference was found" (verify)."""
+    source = str(tmp_path / "big.sqlite")
+    total = build_synthetic_sqlite(source, threads=12, per_thread=100)
+    dest = str(tmp_path / "state")
+    rc, err = _sigint_cli(source, dest, phase)
+    assert rc == 130, err
+    assert err.rstrip().endswith("interrupted; re-run to resume"), err
+    assert "Traceback" not in err and "ext_hook" not in err, err
+    rc, out, err = cli(capsys, source, dest)
+    assert rc == 0, err
+    assert f"verified     {total:,} checkpoints" in out
+
+
+# -- stored data that names code to run (issue #11) ---------------------------------------
+
+
+def test_verification_never_runs_code_named_in_stored_data(tmp_path):
+    """A re-run copies nothing already there and verifies both sides: it finds
+    the planted difference without running the call planted in the store."""
+    source = str(tmp_path / "chat.sqlite")
+    build_synthetic_sqlite(source, threads=2, per_thread=4)
+    dest = str(tmp_path / "state")
+    migrate_from_sqlite(source, dest)
+    marker = tmp_path / "the-planted-call-ran"
+    with KVSaver(dest) as kv:
+        plant(kv.store, marker)
+    with pytest.raises(VerificationError, match="planted"):
+        migrate_from_sqlite(source, dest)
+    assert not marker.exists()
+    # The planted call is live: LangGraph's permissive mode runs it.
+    permissive = JsonPlusSerializer(allowed_msgpack_modules=True)
+    with KVSaver(dest, serde=permissive) as kv:
+        kv.get_tuple({"configurable": {"thread_id": "thread-0000"}})
+    assert marker.is_dir()

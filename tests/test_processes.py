@@ -333,3 +333,59 @@ def test_fork_during_a_long_read_gives_the_child_a_clear_error(
         assert _whole(saver, "t3", _put(saver, "t3", 1))
     finally:
         saver.close()
+
+
+def test_file_backend_fork_keeps_every_acknowledged_put(tmp_path: Path) -> None:
+    """Issue #11.5: with backend="file", forked children inherited the writer's
+    lock, and each process rewrote the whole file from its own copy at every
+    commit, so puts acknowledged in one process vanished. Here a fork Pool's
+    workers (two threads each) and a thread of the parent put at the same
+    time; a fresh read-only saver then finds every acknowledged checkpoint."""
+    path = tmp_path / "state.kvs"
+    saver = KVSaver(path, backend="file")
+    H.FORK_SAVER = saver
+    stop = threading.Event()
+    parent_ids: list[str] = []
+    child_ids: list[str] = []
+
+    def parent_writer() -> None:
+        w = H.LoopWriter(saver, "parent-bg", os.devnull, fsync_ack=False)
+        while not stop.is_set():
+            parent_ids.append(w.step())
+
+    bg = threading.Thread(target=parent_writer)
+    try:
+        before = _put(saver, "before-fork", 3)
+        # One child at a time, the parent writing after each: the parent's
+        # next commit used to rewrite the file without the child's puts.
+        for _ in range(3):
+            code, out = _child(lambda: {"ids": _put(saver, "child", 2)}, timeout=60)
+            assert code == 0, out
+            before += _put(saver, "before-fork", 1)
+            child_ids += out["ids"]
+            assert _whole(saver, "child", out["ids"])  # the parent sees them
+        # Then children and a parent thread at the same time.
+        bg.start()
+        with mp.get_context("fork").Pool(3) as pool:
+            results = pool.map_async(H.fork_pool_task, range(6), chunksize=1).get(120)
+        stop.set()
+        bg.join()
+        after = _put(saver, "after-fork", 2)
+    finally:
+        stop.set()
+        if bg.is_alive():
+            bg.join()
+        H.FORK_SAVER = None
+        saver.close()
+    acked = [("before-fork", c) for c in before] + [("after-fork", c) for c in after]
+    acked += [("parent-bg", c) for c in parent_ids]
+    acked += [tuple(x.split()) for r in results for x in r]
+    acked += [("child", c) for c in child_ids]
+    assert len(acked) == 6 + 2 + len(parent_ids) + 6 * 2 * 5 + 6 and parent_ids
+    with KVSaver(path, backend="file", readonly=True) as fresh:
+        missing = [(t, c) for t, c in acked if fresh.get_tuple(H.thread_config(t, c)) is None]
+        assert not missing, f"{len(missing)} of {len(acked)} acknowledged puts lost"
+        for thread, cid in acked:
+            tup = fresh.get_tuple(H.thread_config(thread, cid))
+            assert tup is not None and not H.check_tuple(tup, expect_marker=True)
+        assert len(list(fresh.list(None))) == len(acked)

@@ -227,6 +227,73 @@ async def test_bare_string_ids_async(kv: KVSaver) -> None:
     assert kv.get_tuple(config("t")) is not None
 
 
+# -- ids that are not text (issue #11) ------------------------------------------------
+
+SURROGATE = "a\ud800b"  # a lone surrogate: a valid Python str that UTF-8 cannot encode
+
+
+def _id_calls(kv: KVSaver, bad: Any) -> list[tuple[str, Any]]:
+    """(what the message must name, a call passing ``bad`` as an id)."""
+    cp = make_checkpoint("9", {"a": "x"}, {"a": "00000000000000000000000000000009.0"})
+    return [
+        ("thread_id", lambda: kv.put(config(bad), cp, {}, {})),
+        ("checkpoint_ns", lambda: kv.put(config("t", bad), cp, {}, {})),
+        ("thread_id", lambda: kv.put_writes(config(bad, "", "2"), [("a", 1)], "task")),
+        ("task_id", lambda: kv.put_writes(config("t", "", "2"), [("a", 1)], bad)),
+        ("thread_id", lambda: kv.get_tuple(config(bad))),
+        ("thread_id", lambda: list(kv.list(config(bad)))),
+        ("delete_thread", lambda: kv.delete_thread(bad)),
+        ("source_thread_id", lambda: kv.copy_thread(bad, "t2")),
+        ("target_thread_id", lambda: kv.copy_thread("t", bad)),
+        ("prune", lambda: kv.prune([bad])),
+        ("delete_for_runs", lambda: kv.delete_for_runs([bad])),
+    ]
+
+
+def test_lone_surrogate_id_is_a_clear_value_error(kv: KVSaver) -> None:
+    """It used to reach ormsgpack and fail with a bare "TypeError: string
+    contains surrogates" (or, on reads, return nothing)."""
+    before = scan_all(kv.store)
+    for name, call in _id_calls(kv, SURROGATE):
+        with pytest.raises(ValueError, match="surrogate") as info:
+            call()
+        message = str(info.value)
+        assert name in message and "UTF-8" in message and repr(SURROGATE) in message, message
+    assert scan_all(kv.store) == before
+
+
+@pytest.mark.parametrize("bad", [None, b"t", object(), 1.5, True], ids=repr)
+def test_id_of_another_type_is_a_type_error(kv: KVSaver, bad: Any) -> None:
+    """delete_thread(None) used to delete a thread named "None"; every id is
+    checked the same way, instead of being str()ed into another id."""
+    kv.copy_thread("t", "None")  # a thread that str(None) would name
+    kv.copy_thread("t", "True")
+    before = scan_all(kv.store)
+    for name, call in _id_calls(kv, bad):
+        if bad is None and name in ("thread_id", "checkpoint_ns"):
+            continue  # a config without a thread_id is its own error (tested above)
+        with pytest.raises(TypeError, match="must be a str") as info:
+            call()
+        assert name in str(info.value), str(info.value)
+    assert scan_all(kv.store) == before
+    assert kv.get_tuple(config("None")) is not None
+
+
+def test_int_and_uuid_ids_are_their_text_as_in_sqlite_saver(kv: KVSaver) -> None:
+    import uuid
+
+    run = uuid.UUID(int=7)
+    v = {"a": "00000000000000000000000000000001.0"}
+    kv.put(config(42), make_checkpoint("5", {"a": "x"}, v), {"run_id": str(run)}, v)  # type: ignore[arg-type]
+    assert kv.get_tuple(config("42")) is not None
+    kv.copy_thread(42, 43)
+    assert kv.get_tuple(config(43)) is not None  # type: ignore[arg-type]
+    kv.delete_for_runs([run])
+    assert kv.get_tuple(config("42")) is None
+    kv.delete_thread(43)
+    assert kv.get_tuple(config("43")) is None
+
+
 def test_unknown_backend_and_durability(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="backend"):
         KVSaver(tmp_path / "x", backend="sqlite")  # type: ignore[arg-type]

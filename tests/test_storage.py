@@ -17,6 +17,7 @@ from typing import Any
 import kvsaver.kv.lmdb_store as lmdb_store
 import lmdb
 import pytest
+from crafted_helpers import plant
 from kvsaver import KVSaver
 from kvsaver import schema as S
 from kvsaver.kv import (
@@ -32,6 +33,7 @@ from kvsaver.kv.lmdb_store import LOCK_FILE, compact_lmdb
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.base.id import uuid6
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = [f"w{i}" for i in range(3000)]
@@ -418,3 +420,37 @@ def test_threads_of_a_forked_child_wait_for_the_reopen(
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     store.close()
+
+
+def test_tools_never_run_code_named_in_stored_data(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue #11: LangGraph's default serializer imports and calls what stored
+    data names. stats and compact decode no value; sweep decodes checkpoints
+    and metadata, in strict msgpack mode; none of them runs the planted call."""
+    path = str(tmp_path / "store")
+    marker = tmp_path / "the-planted-call-ran"
+    with KVSaver(path) as saver:
+        for t in range(3):
+            chat_thread(saver, f"t{t}", 3, seed=t)
+        assert plant(saver.store, marker) > 9
+    for args in (
+        ["stats", path],
+        ["stats", path, "--json"],
+        ["sweep", path, "--keep-last", "1"],
+        ["sweep", path, "--ttl-minutes", "0.0001", "--strategy", "keep_latest"],
+        ["compact", path],
+    ):
+        code, out, err = cli(capsys, *args)
+        assert code == 0, (args, err)
+        assert not marker.exists(), f"{args} ran the planted call"
+        if args[2:4] == ["--keep-last", "1"]:
+            assert "6 checkpoints removed" in out
+    with KVSaver(path, readonly=True) as saver:  # stats() of the saver itself
+        assert saver.stats().checkpoints == 3
+    assert not marker.exists()
+    # The planted calls are live: LangGraph's permissive mode runs them.
+    permissive = JsonPlusSerializer(allowed_msgpack_modules=True)
+    with KVSaver(path, readonly=True, serde=permissive) as saver:
+        saver.get_tuple({"configurable": {"thread_id": "t0"}})
+    assert marker.is_dir()

@@ -37,7 +37,6 @@ from kvsaver.kv import (
     PostgresStore,
     ReadOnlyError,
     Store,
-    StoreBusyError,
     StoreClosedError,
     StoreFullError,
     Txn,
@@ -1285,28 +1284,52 @@ def test_file_path_that_is_a_directory(tmp_path: Path) -> None:
         FileStore(tmp_path)
 
 
-def test_file_second_writer_is_busy(tmp_path: Path) -> None:
+def test_file_two_writers_and_readers_see_each_other(tmp_path: Path) -> None:
+    """Issue #11.5: writers in several processes (or one, twice) each take the
+    lock per transaction and read the other's commits first; nothing is lost,
+    and a reader sees every commit made before its transaction began."""
     path = tmp_path / "s.kvs"
     first = FileStore(path)
     put_all(first, [(b"a", b"1")])
-    with pytest.raises(StoreBusyError, match="another process"):
-        FileStore(path)
-    with pytest.raises(StoreBusyError):
-        FileStore(path, readonly=True)
-    probe = (
-        "import sys\nfrom kvsaver.kv import FileStore, StoreBusyError\ntry:\n"
-        "    FileStore(sys.argv[1])\nexcept StoreBusyError:\n    print('busy')\n"
+    second = FileStore(path)
+    reader = FileStore(path, readonly=True)
+    put_all(second, [(b"b", b"2")])
+    put_all(first, [(b"c", b"3")])  # first reads b before it writes c
+    add = (
+        "import sys\nfrom kvsaver.kv import FileStore\n"
+        "with FileStore(sys.argv[1]) as s, s.write() as txn:\n"
+        "    txn.put(b'd', b'4')\n"
+        "    print(sorted(k.decode() for k, _ in txn.scan()))\n"
     )
-    assert child_output(probe, path).strip() == "busy"
-    first.close()
-    r1, r2 = FileStore(path, readonly=True), FileStore(path, readonly=True)  # readers share
-    assert dump(r1) == dump(r2) == [(b"a", b"1")]
-    with pytest.raises(StoreBusyError):
-        FileStore(path)
-    r1.close()
-    r2.close()
-    with FileStore(path) as again:
-        assert dump(again) == [(b"a", b"1")]
+    assert child_output(add, path).strip() == "['a', 'b', 'c', 'd']"
+    expected = [(b"a", b"1"), (b"b", b"2"), (b"c", b"3"), (b"d", b"4")]
+    assert dump(first) == dump(second) == dump(reader) == expected
+    with pytest.raises(ReadOnlyError):
+        put_all(reader, [(b"e", b"5")])
+    for store in (first, second, reader):
+        store.close()
+    with FileStore(path, readonly=True) as again:
+        assert dump(again) == expected
+
+
+def test_file_commit_does_not_follow_a_planted_symlink(tmp_path: Path) -> None:
+    """Issue #11: the temp file was "<path>.tmp.<pid>", opened following
+    symlinks, so a planted link redirected the whole store elsewhere."""
+    path = tmp_path / "s.kvs"
+    store = FileStore(path)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"not yours")
+    # Every name the old code could pick in this process (and a few neighbours).
+    for pid in range(os.getpid() - 2, os.getpid() + 3):
+        os.symlink(victim, f"{path}.tmp.{pid}")
+    put_all(store, [(b"k", b"v")])
+    store.close()
+    assert victim.read_bytes() == b"not yours"
+    assert not path.is_symlink()
+    with FileStore(path, readonly=True) as again:
+        assert dump(again) == [(b"k", b"v")]
+    leftovers = sorted(p.name for p in tmp_path.iterdir() if not p.is_symlink())
+    assert leftovers == ["s.kvs", "s.kvs.lock", "victim"]  # no temp file left either
 
 
 def test_file_readonly_missing_file(tmp_path: Path) -> None:

@@ -11,7 +11,8 @@ destination adds nothing twice, and an interrupted run finishes on re-run.
 
 Exit status: 0 done; 1 verification found a difference (shown); 2 the
 migration was refused or failed (bad source, destination with other data
-without ``--merge``, ...): the message says why.
+without ``--merge``, ...): the message says why; 130 interrupted (Ctrl-C):
+the batches committed are kept, and a re-run goes on from there.
 
 The work is done by ``saver.migrate.migrate_from_sqlite``; this module adds
 the command line, a progress bar (plain lines when stderr is not a terminal)
@@ -227,6 +228,12 @@ def migrate_command(
         if progress is not None:
             progress.finish()
         raise Fail(str(e)) from None
+    except KeyboardInterrupt:
+        # saver.migrate makes sure a Ctrl-C that LangGraph's decoding swallowed
+        # (ValueError('ext_hook failed')) still arrives as KeyboardInterrupt.
+        if progress is not None:
+            progress.finish()
+        raise Fail("interrupted; re-run to resume", code=130) from None
     if progress is not None:
         progress.finish()
     show(stats)

@@ -27,6 +27,10 @@ system but locks the table while it rewrites it (run it when writers can wait).
 ``LANGGRAPH_AES_KEY``, as LangGraph does (a sweep decodes checkpoint
 metadata; stats and compaction never decode values).
 
+Stored data is decoded in LangGraph's strict msgpack mode (only its safe
+types are rebuilt), whatever ``LANGGRAPH_STRICT_MSGPACK`` says: a crafted
+store cannot make these tools import and call what it names (issue #11).
+
 Long runs show a progress bar (tqdm) on a terminal. Exit status: 0 done,
 2 refused or failed (the message says why).
 """
@@ -47,6 +51,7 @@ from kvsaver import KVSaver, Retention
 from kvsaver.kv import KVError, PostgresStore
 from kvsaver.kv.lmdb_store import compact_lmdb
 from kvsaver.kv.postgres import is_postgres_url
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from .cliutil import Command, Fail, Group
 
@@ -89,11 +94,12 @@ def _open(args: argparse.Namespace, *, readonly: bool) -> KVSaver:
 
 
 def _serde(args: argparse.Namespace) -> Any:
+    serde = JsonPlusSerializer(allowed_msgpack_modules=None)  # strict: see the docstring
     if getattr(args, "encrypted", False):
         from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 
-        return EncryptedSerializer.from_pycryptodome_aes()
-    return None
+        return EncryptedSerializer.from_pycryptodome_aes(serde=serde)
+    return serde
 
 
 def _fail(message: str) -> int:
