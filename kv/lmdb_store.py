@@ -106,13 +106,26 @@ _COMPACTION_WAIT_SECONDS = 60.0
 
 
 class _SharedExclusive:
-    """A lock with many shared holders or one exclusive holder (writer-preferring)."""
+    """A lock with many shared holders or one exclusive holder (writer-preferring).
+
+    Interrupt-safe (issue #11.1): the raw lock is entered with ``with`` (a
+    Condition's ``__exit__`` is Python code, where an interrupt can land before
+    it releases anything), and every change of a count happens with the
+    matching record of who holds it in one locked step without a call in
+    between, so an exception raised asynchronously (KeyboardInterrupt from a
+    signal handler) cannot separate the two; ``restore()`` then puts a
+    thread's holds back to what they were, whatever point it was interrupted
+    at. Waits re-check their condition every ``_POLL_SECONDS``, so a
+    notification lost to an interrupt delays a waiter instead of hanging it.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._shared = 0
         self._exclusive = False
+        self._owner: tuple[int, int] | None = None  # (thread, serial) holding it exclusively
+        self._serial = 0
         self._waiting_exclusive = 0
         self._mine = threading.local()  # .n: this thread's shared holds
 
@@ -123,44 +136,70 @@ class _SharedExclusive:
     # exclusive request anywhere) takes the plain lock once and nothing else.
     def acquire_shared(self) -> None:
         mine = self._mine
-        held = getattr(mine, "n", 0)
         with self._lock:
+            held = getattr(mine, "n", 0)
             # A thread already holding it shared must not wait behind a
             # pending exclusive request (it would wait for itself).
             while self._exclusive or (self._waiting_exclusive and not held):
-                self._cond.wait()
+                self._cond.wait(_POLL_SECONDS)
             self._shared += 1
-        mine.n = held + 1
+            mine.n = held + 1
 
     def release_shared(self) -> None:
         mine = self._mine
-        mine.n -= 1
         with self._lock:
             self._shared -= 1
+            mine.n -= 1
             # notify_all() costs a lock probe even with nobody waiting: only
             # an exclusive request (growth, fork) waits for readers to drain.
             if self._shared == 0 and self._waiting_exclusive:
                 self._cond.notify_all()
 
-    def acquire_exclusive(self, timeout: float | None = None) -> bool:
-        """Wait until no transaction of this process is open; False on timeout."""
-        with self._cond:
+    def acquire_exclusive(self, timeout: float | None = None) -> tuple[int, int] | None:
+        """Wait until no transaction of this process is open; the owner token
+        (for release_exclusive), or None on timeout."""
+        me = threading.get_ident()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
             self._waiting_exclusive += 1
             try:
-                ok = self._cond.wait_for(
-                    lambda: not (self._exclusive or self._shared), timeout=timeout
-                )
+                while self._exclusive or self._shared:
+                    left = _POLL_SECONDS
+                    if deadline is not None:
+                        left = min(left, deadline - time.monotonic())
+                        if left <= 0:
+                            break
+                    self._cond.wait(left)
+                owner = None
+                if not (self._exclusive or self._shared):
+                    self._serial += 1
+                    owner = self._owner = (me, self._serial)
+                    self._exclusive = True
             finally:
                 self._waiting_exclusive -= 1
-            if ok:
-                self._exclusive = True
-            else:
+            if owner is None:
                 self._cond.notify_all()
-            return ok
+            return owner
 
-    def release_exclusive(self) -> None:
-        with self._cond:
-            self._exclusive = False
+    def release_exclusive(self, owner: tuple[int, int] | None) -> None:
+        with self._lock:
+            if owner is not None and self._owner == owner:  # not one restore() gave back
+                self._exclusive = False
+                self._owner = None
+            self._cond.notify_all()
+
+    def restore(self, held: int) -> None:
+        """Give back whatever this thread took beyond ``held`` shared holds
+        (and an exclusive hold): the cleanup after an interrupt."""
+        me = threading.get_ident()
+        mine = self._mine
+        with self._lock:
+            n = getattr(mine, "n", 0)
+            self._shared += held - n
+            mine.n = held
+            if self._owner is not None and self._owner[0] == me:
+                self._exclusive = False
+                self._owner = None
             self._cond.notify_all()
 
     @contextmanager
@@ -170,11 +209,11 @@ class _SharedExclusive:
                 "the LMDB map must grow, but this thread holds an open transaction on "
                 "the same store; finish it (e.g. exhaust or close a scan) and retry"
             )
-        self.acquire_exclusive()
+        owner = self.acquire_exclusive()
         try:
             yield
         finally:
-            self.release_exclusive()
+            self.release_exclusive(owner)
 
 
 class _Env:
@@ -186,19 +225,26 @@ class _Env:
         self.options = options
         self.refs = 0
         self.quiet_at_fork = True
+        self.fork_owner: tuple[int, int] | None = None  # the gate, held across fork()
         self.lock_fd: int | None = None
         self._open()
 
     def _open(self) -> None:
         self.write_lock = threading.Lock()
-        self.writer: int | None = None  # thread holding write_lock (see writing())
-        self._writing = _Writing(self)
+        # Taken with ``with env.write_lock:`` only: a lock's own __enter__ and
+        # __exit__ are C, so an interrupt cannot fall between taking it and
+        # the block that releases it (a Python context manager's __exit__ can
+        # be interrupted before its first line).
+        self.writer: int | None = None  # thread holding write_lock (check_not_writing)
         self.noop_txnid = -1  # see commit_noop()
         self.over_cap = False  # a delete-only transaction is using the reserve
         self.headroom_skips = 0  # see ensure_headroom()
         self.queue_lock = threading.Lock()
         self.queue: list[_Request] = []
-        self.leading = False  # a thread is committing batches of transact()
+        # Group commit (transact()): the request whose thread commits batches
+        # now, and the batch it took. Both change only under queue_lock.
+        self.leader: _Request | None = None
+        self.batch: list[_Request] = []
         self.arrived = threading.Condition(self.queue_lock)  # see gather()
         self.batch_sizes = (1, 1)  # the last two batches
         self.commit_seconds = 0.0  # how long the last batch took
@@ -276,7 +322,7 @@ class _Env:
         between one and all-but-one. Wait until as many requests as the
         larger of the last two batches are queued, for at most half a commit
         (and _GATHER_MAX_SECONDS). A lone writer never waits."""
-        with self.arrived:
+        with self.queue_lock:
             expect = max(self.batch_sizes)
             if expect > 1 and len(self.queue) < expect:
                 deadline = time.monotonic() + min(_GATHER_MAX_SECONDS, self.commit_seconds / 2)
@@ -286,17 +332,47 @@ class _Env:
                         break
                     self.arrived.wait(left)
             batch, self.queue = self.queue, []
+            self.batch = batch  # with the line above: no call in between
         self.batch_sizes = (self.batch_sizes[1], len(batch))
         return batch
+
+    def hand_over(self, lead: _Request) -> None:
+        """The leader ``lead`` is done, normally or interrupted: its batch's
+        requests that are not done (their commit did not happen) go back to
+        the front of the queue, unless their caller was interrupted too; the
+        oldest queued request leads next; done requests are woken. The state
+        changes first, each in one step; wake-ups last (a waiter also polls,
+        so one cut short by an interrupt only delays it). Caller holds
+        queue_lock."""
+        if self.leader is not lead:
+            return
+        batch = self.batch
+        undone = [r for r in batch if not r.done and not r.abandoned and r is not lead]
+        self.queue[:0] = undone
+        self.batch = []
+        nxt = self.queue[0] if self.queue else None
+        self.leader = nxt
+        if nxt is not None:
+            _wake(nxt)
+        for r in batch:
+            if r.done and r is not lead:
+                _wake(r)
+
+    def withdraw(self, req: _Request) -> None:
+        """``req``'s caller was interrupted: take it out of the queue, and if
+        it leads, hand over. A request inside another leader's running batch
+        may still be committed (as an interrupted commit may have been).
+        Caller holds queue_lock."""
+        req.abandoned = True
+        for i, r in enumerate(self.queue):
+            if r is req:
+                del self.queue[i]
+                break
+        self.hand_over(req)
 
     def check_not_writing(self) -> None:
         if self.writer == threading.get_ident():
             raise RuntimeError("a write transaction is already open in this thread")
-
-    def writing(self) -> _Writing:
-        """Hold the in-process write lock. It is not reentrant: a thread that
-        already holds it gets a clear error instead of waiting for itself."""
-        return self._writing
 
     # -- map size -----------------------------------------------------------
     def map_size(self) -> int:
@@ -509,59 +585,49 @@ class _Env:
 
 
 _SETTLE_TRIES = 32
+_POLL_SECONDS = 0.05  # waits re-check their condition (a wake-up may be lost to an interrupt)
 _ZERO_MIN = 256 << 10  # a small store stays small on disk
 _ZERO_MAX = 8 << 20
 _GATHER_MAX_SECONDS = 0.002
 _HEADROOM_SKIPS = 15
 
 
-class _Writing:
-    """The context manager of ``_Env.writing()`` (a class: it runs at every
-    write, and a @contextmanager generator costs microseconds more)."""
-
-    __slots__ = ("env",)
-
-    def __init__(self, env: _Env) -> None:
-        self.env = env
-
-    def __enter__(self) -> None:
-        env = self.env
-        env.check_not_writing()
-        env.write_lock.acquire()
-        env.writer = threading.get_ident()
-
-    def __exit__(self, *exc: object) -> None:
-        env = self.env
-        env.writer = None
-        env.write_lock.release()
-
-
 class _Request:
     """One caller's function waiting for a group commit."""
 
-    __slots__ = ("done", "error", "fn", "result", "wake")
+    __slots__ = ("abandoned", "aborted", "done", "error", "fn", "result", "txn", "wake")
 
-    # wake: a lock created held, released once (by the leader that did this
-    # request's batch, or that promotes it to lead), acquired by the waiter:
-    # cheaper than a threading.Event, which builds a Condition.
+    # wake: a lock created held, released by the leader that did this
+    # request's batch, or that promotes it to lead, and acquired by the waiter
+    # (cheaper than a threading.Event, which builds a Condition). The waiter
+    # also polls (_POLL_SECONDS): a release lost to an interrupt only delays.
 
     def __init__(self, fn: Callable[[Any], Any]) -> None:
         self.fn = fn
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = False
+        self.abandoned = False  # its caller was interrupted (withdraw())
+        # As the leader: the batch's write transaction, and whether we ended
+        # it other than by committing (see LMDBStore._interrupted).
+        self.txn: lmdb.Transaction | None = None
+        self.aborted = False
         self.wake = threading.Lock()
         self.wake.acquire()
 
-    def finish(self, error: BaseException) -> None:
-        self.error = error
-        self.done = True
+
+def _wake(r: _Request) -> None:
+    if r.wake.locked():  # only the leader releases, under queue_lock: no race
+        r.wake.release()
 
 
 def _run_one(store: LMDBStore, env: _Env, txn: lmdb.Transaction, r: _Request, nested: bool) -> None:
     """Run one request's function; in a batch, inside a nested transaction so
     that its failure undoes only its own changes. MapFullError propagates (the
-    whole batch is rerun after the map grows)."""
+    whole batch is rerun after the map grows), and so does a BaseException
+    that is not an Exception (KeyboardInterrupt, SystemExit): it interrupts
+    the leader's thread, and other callers' functions are run again by the
+    next leader instead of receiving it."""
     sub = env.env.begin(write=True, parent=txn) if nested else txn
     try:
         r.result = r.fn(_LMDBTxn(store, env, sub, write=True, replay=False))
@@ -569,11 +635,15 @@ def _run_one(store: LMDBStore, env: _Env, txn: lmdb.Transaction, r: _Request, ne
         if nested:
             sub.abort()
         raise
-    except BaseException as e:
+    except Exception as e:
         r.error = e
         if nested:
             sub.abort()
         return
+    except BaseException:
+        if nested:
+            sub.abort()
+        raise
     if nested:
         sub.commit()
 
@@ -591,15 +661,16 @@ def _before_fork() -> None:
     # the wait, leaves that environment unusable in the child (clear error).
     _REGISTRY_LOCK.acquire()
     for env in _REGISTRY.values():
-        env.quiet_at_fork = not env.gate.held_shared_by_me() and env.gate.acquire_exclusive(
-            _FORK_WAIT_SECONDS
+        env.fork_owner = (
+            None if env.gate.held_shared_by_me() else env.gate.acquire_exclusive(_FORK_WAIT_SECONDS)
         )
+        env.quiet_at_fork = env.fork_owner is not None
 
 
 def _after_fork_parent() -> None:
     for env in _REGISTRY.values():
         if env.quiet_at_fork:
-            env.gate.release_exclusive()
+            env.gate.release_exclusive(env.fork_owner)
     _REGISTRY_LOCK.release()
 
 
@@ -613,7 +684,8 @@ def _after_fork_child() -> None:
         env.queue_lock = threading.Lock()
         env.arrived = threading.Condition(env.queue_lock)
         env.queue = []
-        env.leading = False
+        env.leader = None
+        env.batch = []
         env.gate = _SharedExclusive()
 
 
@@ -888,22 +960,41 @@ class LMDBStore:
         env = self._check_open()
         if self.readonly:
             raise ReadOnlyError(f"the store at {self.path} was opened read-only")
-        with env.writing():
-            env.ensure_headroom()
-            env.gate.acquire_shared()
-            cleaned = False
-            try:
-                wrapper = _LMDBTxn(self, env, env.begin(write=True), write=True)
+        env.check_not_writing()  # else this thread would wait for itself
+        me = threading.get_ident()
+        held = env.gate.held_shared_by_me()
+        wrapper: _LMDBTxn | None = None
+        try:
+            with env.write_lock:
+                env.writer = me
                 try:
-                    yield wrapper
-                except BaseException:
-                    wrapper._txn.abort()
-                    raise
-                self._commit(wrapper)
-                cleaned = bool(wrapper._log) and _no_puts(wrapper._log or [])
-            finally:
-                env.gate.release_shared()
-                env.settle_cap(cleaned)
+                    env.ensure_headroom()
+                    env.gate.acquire_shared()
+                    cleaned = False
+                    try:
+                        wrapper = _LMDBTxn(self, env, env.begin(write=True), write=True)
+                        try:
+                            yield wrapper
+                        except BaseException:
+                            wrapper._txn.abort()
+                            raise
+                        self._commit(wrapper)
+                        cleaned = bool(wrapper._log) and _no_puts(wrapper._log or [])
+                    finally:
+                        env.gate.release_shared()
+                        env.settle_cap(cleaned)
+                finally:
+                    env.writer = None
+        except BaseException as e:
+            if not isinstance(e, Exception):
+                # Interrupted (issue #11.1), maybe between two steps above:
+                # end the transaction, give back the gate, and drop what the
+                # interrupted frames still hold (see _drop_orphans).
+                if wrapper is not None:
+                    wrapper._txn.abort()  # nothing if it committed
+                env.gate.restore(held)
+                _drop_orphans(e)
+            raise
 
     def transact(self, fn: Callable[[Any], T]) -> T:
         """Run ``fn(txn)`` in a write transaction and return its result.
@@ -914,85 +1005,134 @@ class LMDBStore:
         rolls back only that function's changes and reaches only that caller.
         Every caller returns only after the commit holding its changes is
         durable (per ``durability``). ``fn`` may run more than once (after a
-        map growth), so it must act only through ``txn``; it must not call
-        ``transact`` or ``write`` itself.
+        map growth, or when the thread committing its batch is interrupted),
+        so it must act only through ``txn``; it must not call ``transact`` or
+        ``write`` itself.
+
+        An interrupt (``KeyboardInterrupt``, or any ``BaseException`` that is
+        not an ``Exception``, e.g. from a signal handler) reaches only the
+        thread it was raised in, wherever it lands: the batch that thread was
+        committing is rolled back unless its commit already happened, the
+        other callers' functions are committed by the next leader, and every
+        later write goes through. The interrupted call's own function may or
+        may not have been committed, as with any interrupted commit.
         """
         env = self._check_open()
         if self.readonly:
             raise ReadOnlyError(f"the store at {self.path} was opened read-only")
         env.check_not_writing()  # else this thread would wait for itself
         req = _Request(fn)
-        with env.queue_lock:
-            env.queue.append(req)
-            lead = not env.leading
-            env.leading = True
-            env.arrived.notify()  # a gathering leader counts arrivals
-        if not lead:
-            req.wake.acquire()  # done by a leader, or promoted to lead
-        if not req.done:
-            batch = env.gather()
-            with env.writing():
-                started = time.monotonic()
-                self._run_batch(env, batch)
-                env.commit_seconds = time.monotonic() - started
-            for r in batch:
-                if r is not req:  # each request is woken once, and we are awake
-                    r.wake.release()
-            with env.queue_lock:
-                if env.queue:
-                    env.queue[0].wake.release()  # the oldest waiter leads the next batch
-                else:
-                    env.leading = False
+        held = env.gate.held_shared_by_me()
+        try:
+            self._group_commit(env, req)
+        except BaseException as e:
+            self._interrupted(env, req, held, e)
+            raise
         if req.error is not None:
             raise req.error
         return req.result  # type: ignore[return-value]
 
+    def _group_commit(self, env: _Env, req: _Request) -> None:
+        with env.queue_lock:
+            env.queue.append(req)
+            if env.leader is None:
+                env.leader = req
+            env.arrived.notify()  # a gathering leader counts arrivals
+        if env.leader is not req:
+            # Until a leader has done our function, or made us lead.
+            while not req.wake.acquire(timeout=_POLL_SECONDS):
+                if req.done or env.leader is req:
+                    break
+            if req.done:
+                return
+        batch = env.gather()
+        with env.write_lock:
+            env.writer = threading.get_ident()
+            try:
+                started = time.monotonic()
+                self._run_batch(env, batch)
+                env.commit_seconds = time.monotonic() - started
+            finally:
+                env.writer = None
+        with env.queue_lock:
+            env.hand_over(req)
+
+    def _interrupted(self, env: _Env, req: _Request, held: int, e: BaseException) -> None:
+        """Clean up after an exception escaped the group commit: an interrupt,
+        which can land between any two steps of it. Whatever this thread
+        held is given back from the state itself, not from how far it got:
+        its gate holds (to ``held``), the batch transaction (committed if and
+        only if LMDB closed it without our abort; else aborted and the other
+        callers' requests queued again), its queue entry and the lead."""
+        env.gate.restore(held)
+        txn = req.txn
+        committed = False
+        if txn is not None:
+            committed = not req.aborted and _finished(txn)
+            if not committed:
+                req.aborted = True
+                txn.abort()
+        with env.queue_lock:
+            if committed and env.leader is req:
+                for r in env.batch:
+                    r.done = True  # results and errors were set before the commit
+            env.withdraw(req)
+        _drop_orphans(e)
+
     def _run_batch(self, env: _Env, batch: list[_Request]) -> None:
+        """Run ``batch`` in one write transaction (``lead.txn``, ``lead`` the
+        request of the thread running it, ``env.leader``) and commit it;
+        each request gets its result or error and is marked done. A failure of
+        the commit itself (cap reached, disk error) is every caller's failure:
+        none of their changes were written. An interrupt propagates as it is,
+        nothing marked done (see _interrupted)."""
+        lead = env.leader
+        assert lead is not None
+        failure: BaseException | None = None
         try:
             env.ensure_headroom()
             env.gate.acquire_shared()
-        except BaseException as e:
-            for r in batch:
-                r.finish(error=e)
-            return
-        txn: lmdb.Transaction | None = None
-        try:
-            while True:
-                txn = env.begin(write=True)
-                try:
-                    for r in batch:
-                        r.result, r.error = None, None
-                        _run_one(self, env, txn, r, nested=len(batch) > 1)
-                    if len(batch) == 1 and batch[0].error is not None:
-                        txn.abort()
-                    else:
-                        txn.commit()
-                    break
-                except lmdb.MapFullError:
-                    txn.abort()
-                    used = env.used_bytes()  # under the gate (see sizes())
-                    env.gate.release_shared()
+            try:
+                while True:
+                    lead.txn = env.begin(write=True)
+                    lead.aborted = False
                     try:
-                        env.grow(used)
-                    finally:
-                        env.gate.acquire_shared()
-                except lmdb.Error as e:
-                    # Disk full right after a delete: the pages it freed become
-                    # usable after one more commit (see commit_noop); retry once.
-                    if _disk_full(self.path, e) is e or not env.commit_noop():
-                        raise
-        except BaseException as e:
-            # A failure of the shared commit itself (cap reached, disk error)
-            # is every caller's failure: none of their changes were written.
-            error = _disk_full(self.path, e)
-            for r in batch:
-                r.error = error
-            if txn is not None:
-                txn.abort()
-        finally:
-            env.gate.release_shared()
-            for r in batch:
-                r.done = True
+                        for r in batch:
+                            r.result, r.error = None, None
+                            _run_one(self, env, lead.txn, r, nested=len(batch) > 1)
+                        if len(batch) == 1 and batch[0].error is not None:
+                            lead.aborted = True
+                            lead.txn.abort()
+                        else:
+                            lead.txn.commit()
+                        break
+                    except lmdb.MapFullError:
+                        lead.aborted = True  # first: the commit may have closed it
+                        lead.txn.abort()
+                        used = env.used_bytes()  # under the gate (see sizes())
+                        env.gate.release_shared()
+                        try:
+                            env.grow(used)
+                        finally:
+                            env.gate.acquire_shared()
+                    except lmdb.Error as e:
+                        lead.aborted = True
+                        lead.txn.abort()
+                        # Disk full right after a delete: the pages it freed become
+                        # usable after one more commit (see commit_noop); retry once.
+                        if _disk_full(self.path, e) is e or not env.commit_noop():
+                            raise
+            finally:
+                env.gate.release_shared()
+        except Exception as e:
+            lead.aborted = True
+            if lead.txn is not None:
+                lead.txn.abort()
+            failure = _disk_full(self.path, e)
+        for r in batch:
+            if failure is not None:
+                r.error = failure
+            r.done = True
 
     def _commit(self, wrapper: _LMDBTxn) -> None:
         while True:
@@ -1077,6 +1217,32 @@ class LMDBStore:
 
     def __repr__(self) -> str:
         return f"LMDBStore({self.path!r}, readonly={self.readonly}, durability={self.durability!r})"
+
+
+def _finished(txn: lmdb.Transaction) -> bool:
+    """Whether LMDB has ended ``txn`` (committed or aborted it)."""
+    try:
+        txn.id()
+    except lmdb.Error:
+        return True
+    return False
+
+
+def _drop_orphans(e: BaseException) -> None:
+    """An interrupt can land right after LMDB began a transaction and before
+    anything of ours recorded it; the interrupted frames then hold it, and an
+    open write transaction holds LMDB's writer lock, so the next write of
+    this thread would wait for itself. Clearing the locals of this module's
+    finished frames in the traceback (it keeps file and line) drops such a
+    transaction, and py-lmdb aborts a transaction nobody refers to."""
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_globals is globals():
+            try:
+                tb.tb_frame.clear()
+            except RuntimeError:  # still executing (the caller's own frame)
+                pass
+        tb = tb.tb_next
 
 
 def _disk_full(path: str, e: BaseException) -> BaseException:

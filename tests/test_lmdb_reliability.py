@@ -1,0 +1,137 @@
+"""LMDBStore under the failures of issue #11: interrupts inside a write, a reader
+killed mid-read, a store directory deleted under an open handle, damaged files,
+and stores created by two processes at once.
+
+Everything that could hang or kill a process (a lost wake-up, SIGBUS on a
+truncated map) runs in a child process with a timeout, so a regression fails
+the test instead of the test run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CHILD_ENV = {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def run_child(code: str, *args: Any, timeout: float = 240.0) -> subprocess.CompletedProcess[str]:
+    """``python -c code args...`` in a fresh interpreter; killed after ``timeout``."""
+    try:
+        return subprocess.run(
+            [sys.executable, "-c", code, *map(str, args)],
+            env=CHILD_ENV,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"the child did not finish in {timeout} s (a hang): {e.stderr!r}")
+
+
+# -- 1. interrupts (Ctrl-C, a SIGALRM timeout) anywhere inside a write ------------------
+
+_INTERRUPTED_PUTS = r"""
+import random, signal, sys, threading, time
+from kvsaver import KVSaver
+from langgraph.checkpoint.base import empty_checkpoint
+
+path, durability, rounds, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+rng = random.Random(seed)
+saver = KVSaver(path, durability=durability)
+store = saver.store
+armed = [False]
+
+def on_alarm(signum, frame):
+    # At most one interrupt per arming, however late the signal is handled.
+    if armed[0]:
+        armed[0] = False
+        raise KeyboardInterrupt
+
+signal.signal(signal.SIGALRM, on_alarm)
+
+# Helper threads commit through transact() meanwhile, so the main thread often
+# leads a batch holding their functions: none of them may see its interrupts.
+stop = threading.Event()
+helper_errors, helper_done = [], []
+
+def helper(h):
+    n = 0
+    while not stop.is_set():
+        key = b"helper-%d-%06d" % (h, n)
+        try:
+            store.transact(lambda txn, key=key: txn.put(key, b"x" * 300))
+        except BaseException as e:
+            helper_errors.append(repr(e))
+            return
+        helper_done.append(key)
+        n += 1
+
+helpers = [threading.Thread(target=helper, args=(h,), daemon=True) for h in range(2)]
+for t in helpers:
+    t.start()
+
+interrupted = completed = 0
+config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+for i in range(rounds):
+    cp = empty_checkpoint()
+    cp["channel_values"] = {"v": "x" * rng.randrange(10, 3000)}
+    cp["channel_versions"] = {"v": i + 1}
+    try:
+        armed[0] = True
+        signal.setitimer(signal.ITIMER_REAL, rng.uniform(0, 0.004))
+        if i % 3 == 0:
+            with store.write() as txn:
+                txn.put(b"w-%06d" % i, b"y" * rng.randrange(1, 5000))
+        else:
+            saver.put(config, cp, {"step": i}, {"v": i + 1})
+        completed += 1
+    except KeyboardInterrupt:
+        interrupted += 1
+    finally:
+        armed[0] = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+stop.set()
+for t in helpers:
+    t.join(30)
+    assert not t.is_alive(), "a helper thread hangs"
+
+# Every later write of the process completes, from another thread and this one.
+done = []
+t = threading.Thread(target=lambda: done.append(store.transact(lambda txn: txn.put(b"after", b"1"))))
+t.start()
+t.join(30)
+assert not t.is_alive(), "a write after the interrupts hangs"
+with store.write() as txn:
+    txn.put(b"after-write", b"1")
+gate = store._env.gate
+assert (gate._shared, gate._exclusive) == (0, False), (gate._shared, gate._exclusive)
+assert helper_errors == [], helper_errors[:3]
+with store.read() as txn:
+    missing = [k for k in helper_done if txn.get(k) is None]
+assert missing == [], missing[:3]
+print(interrupted, completed, len(helper_done))
+"""
+
+
+@pytest.mark.parametrize("durability", ["none", "full"])
+def test_interrupts_anywhere_in_writes_never_hang_later_writes(
+    tmp_path: Path, durability: str
+) -> None:
+    """Issue #11.1: a KeyboardInterrupt raised from a timer at random moments of
+    many puts and writes (while two threads commit through transact(), often in
+    a batch the interrupted thread leads). Then writes from another thread and
+    this one must finish, the gate must be free, and the helper threads must
+    have seen no interrupt and lost no acknowledged write."""
+    out = run_child(_INTERRUPTED_PUTS, tmp_path / "s", durability, 1500, 11, timeout=150)
+    assert out.returncode == 0, out.stderr[-3000:]
+    interrupted, completed, helper_writes = map(int, out.stdout.split())
+    assert interrupted > 100 and completed > 100 and helper_writes > 100, out.stdout
