@@ -18,7 +18,13 @@ The rules of LMDB that wrappers usually get wrong are each handled once, here:
   child reopens the directory on first use and never closes the parent's
   handle (closing it would release the parent's reader slots).
 * **Dead readers.** Reader slots left by killed processes are cleared
-  (``reader_check``) at open and whenever the reader table fills up.
+  (``reader_check``) at open, when the reader table fills up, as the data
+  file grows (a dead reader's snapshot keeps freed pages from being reused)
+  and before a write is refused at the size cap (``_Env.check_readers``).
+* **Interrupts.** A ``KeyboardInterrupt`` (or any exception raised from a
+  signal handler) landing anywhere in a write leaves no lock, gate hold,
+  lead or open transaction behind, and reaches only its own thread
+  (``LMDBStore.transact``).
 * **Snapshots.** LMDB 0.9 can give a read transaction begun during two quick
   commits of another process a newer snapshot than its id names, and the
   next read an older one; every read transaction is checked and begun again
@@ -287,6 +293,7 @@ class _Env:
         self.env.reader_check()
         self.max_key = self.env.max_key_size()
         self.psize = int(self.env.stat()["psize"])
+        self.readers_checked_at = self.used_bytes()  # see check_readers()
         # Last: check_fork()'s unlocked fast path reads pid, so another thread
         # of a forked child must not see our pid before the new env is ready.
         self.pid = os.getpid()
@@ -396,6 +403,8 @@ class _Env:
             target = max(current * 2, (minimum or 0) * 2, current + (1 << 20))
             if cap is not None:
                 if current >= cap:
+                    if self.env.reader_check():
+                        return  # a dead reader pinned freed pages; the caller retries
                     if self.commit_noop():
                         return  # the caller retries; the freed pages are usable now
                     if shrinking and current < _with_reserve(cap):
@@ -475,11 +484,31 @@ class _Env:
             self.headroom_skips -= 1
             return
         used, size = self.sizes()
+        self.check_readers(used)
         cap = self.options["max_size"]
         if used * 2 > size and (cap is None or size < cap):
             self.grow(used)
         elif used * 4 < size:
             self.headroom_skips = _HEADROOM_SKIPS
+
+    def check_readers(self, used: int) -> None:
+        """Clear dead readers' slots when the data in use grew by an eighth
+        (at least _READER_CHECK_GROWTH) since the last check (issue #11.2).
+
+        A reader killed inside a read transaction (OOM killer, a worker
+        timeout) leaves its slot, and the snapshot it names keeps every page
+        freed after it from being reused: a long-running writer's store
+        would grow without bound. LMDB clears such slots only when asked
+        (``reader_check``: one lock probe per reader process, 15 µs with four
+        of them), so ask whenever the file had to grow: each write where
+        commits sync (zero_ahead knows the size anyway), every
+        _HEADROOM_SKIPS + 1 writes otherwise, and before refusing a write at
+        the size cap (grow())."""
+        if used >= self.readers_checked_at + max(
+            _READER_CHECK_GROWTH, self.readers_checked_at // 8
+        ):
+            self.env.reader_check()
+            self.readers_checked_at = used
 
     def zero_ahead(self) -> None:
         """Write zeros to the data file past LMDB's last page, ahead of need.
@@ -503,6 +532,7 @@ class _Env:
         zeroing for this process: it is only an optimization."""
         info = self.env.info()
         used = (int(info["last_pgno"]) + 1) * self.psize
+        self.check_readers(used)
         chunk = min(max(used // 16, _ZERO_MIN), _ZERO_MAX) // _PAGE * _PAGE
         if used + chunk // 2 <= self.zeroed_to:
             return
@@ -590,6 +620,7 @@ _ZERO_MIN = 256 << 10  # a small store stays small on disk
 _ZERO_MAX = 8 << 20
 _GATHER_MAX_SECONDS = 0.002
 _HEADROOM_SKIPS = 15
+_READER_CHECK_GROWTH = 1 << 20
 
 
 class _Request:

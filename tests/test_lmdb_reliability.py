@@ -135,3 +135,71 @@ def test_interrupts_anywhere_in_writes_never_hang_later_writes(
     assert out.returncode == 0, out.stderr[-3000:]
     interrupted, completed, helper_writes = map(int, out.stdout.split())
     assert interrupted > 100 and completed > 100 and helper_writes > 100, out.stdout
+
+
+# -- 2. a reader killed inside a read transaction ---------------------------------------
+
+_HOLD_A_READ = """
+import sys, time
+from kvsaver import KVSaver
+saver = KVSaver(sys.argv[1], readonly=True)
+with saver.store.read() as txn:
+    txn.get(b"anything")
+    print("reading", flush=True)
+    time.sleep(120)
+"""
+
+
+def _kill_a_reader_inside_its_read(path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_A_READ, str(path)], stdout=subprocess.PIPE, env=CHILD_ENV
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == b"reading"
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _churn(saver: Any, rounds: int) -> None:
+    """Put about 1 MB into a thread, delete the thread; ``rounds`` times."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    for i in range(rounds):
+        config = {"configurable": {"thread_id": f"t{i}", "checkpoint_ns": ""}}
+        cp = empty_checkpoint()
+        cp["channel_values"] = {"v": os.urandom(1 << 20)}
+        cp["channel_versions"] = {"v": 1}
+        saver.put(config, cp, {}, {"v": 1})
+        saver.delete_thread(f"t{i}")
+
+
+@pytest.mark.parametrize(
+    "durability,max_size", [("full", None), ("none", 16 << 20), ("none", 4 << 20)]
+)
+def test_a_reader_killed_mid_read_does_not_make_the_store_grow(
+    tmp_path: Path, durability: str, max_size: int | None
+) -> None:
+    """Issue #11.2: the killed reader's slot pins its snapshot, so no page
+    freed after it could be reused, until the writer clears dead readers: 40
+    rounds of 1 MB put + delete_thread took 43 MB (or StoreFullError under a
+    16 MB cap). The writer checks as the file grows (every write where commits
+    sync, every 16 writes otherwise) and before refusing a write at the cap."""
+    from kvsaver import KVSaver
+
+    path = tmp_path / "s"
+    with KVSaver(path, durability=durability, max_size=max_size) as saver:
+        _churn(saver, 1)  # the store exists, and the writer keeps it open
+        _kill_a_reader_inside_its_read(path)
+        _churn(saver, 40)
+        info = saver.store.info()
+    limit = 12 << 20 if max_size is None or max_size > 4 << 20 else 4 << 20
+    if durability == "full":
+        limit = 5 << 20
+    assert info["file_bytes"] <= limit, info
