@@ -12,6 +12,9 @@ The rules of LMDB that wrappers usually get wrong are each handled once, here:
   by another process is adopted (``MapResizedError`` -> ``set_mapsize(0)``).
 * **One environment per process.** LMDB must not open the same files twice in
   one process, so stores on one directory share one environment (refcounted).
+  If the directory's ``data.mdb`` was deleted or replaced since (``rmtree``
+  and open again), a new open gets a fresh environment on the new files and
+  the old handles raise ``StoreClosedError`` (``_registered``).
 * **Writers.** One write transaction at a time: an in-process lock, and across
   processes LMDB's own writer mutex. Readers never block and never wait.
 * **fork().** An environment must not be used in a child after ``fork()``. The
@@ -231,6 +234,7 @@ class _Env:
         self.options = options
         self.refs = 0
         self.quiet_at_fork = True
+        self.stale = False  # its files were deleted or replaced (see _registered())
         self.fork_owner: tuple[int, int] | None = None  # the gate, held across fork()
         self.lock_fd: int | None = None
         self._open()
@@ -290,6 +294,7 @@ class _Env:
                     f"{self.path} was written by an incompatible LMDB version: {e}"
                 ) from e
             raise
+        self.identity = _identity(self.path)
         self.env.reader_check()
         self.max_key = self.env.max_key_size()
         self.psize = int(self.env.stat()["psize"])
@@ -959,7 +964,7 @@ class LMDBStore:
         if inherited is not None:
             inherited.check_fork()  # reopen a handle inherited through fork()
         with _REGISTRY_LOCK:
-            env = _REGISTRY.get(key)
+            env = _registered(key)
             if env is not None:
                 if env.readonly and not readonly:
                     raise KVError(
@@ -976,8 +981,15 @@ class LMDBStore:
     def _check_open(self) -> _Env:
         if self._closed:
             raise StoreClosedError(f"the store at {self.path} is closed")
-        self._env.check_fork()
-        return self._env
+        env = self._env
+        if env.stale:
+            raise StoreClosedError(
+                f"the store at {self.path} was deleted or replaced while this handle was "
+                "open (a store opened there since uses the new files); this handle is "
+                "closed: open the path again"
+            )
+        env.check_fork()
+        return env
 
     @property
     def max_key_size(self) -> int:
@@ -1301,6 +1313,33 @@ def _disk_full(path: str, e: BaseException) -> BaseException:
     return full
 
 
+def _identity(path: str) -> tuple[int, int] | None:
+    """Which file ``path/data.mdb`` is (device, inode), or None if none is."""
+    try:
+        st = os.stat(os.path.join(path, "data.mdb"))
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _registered(key: str) -> _Env | None:
+    """The environment this process has open on directory ``key``, unless
+    its data file was deleted or replaced since (issue #11.3: a notebook or a
+    test fixture runs ``shutil.rmtree(path)`` and opens ``path`` again while
+    an old store is still open). Reusing it would serve the deleted files,
+    and every write would vanish; so it is marked stale (its stores raise
+    StoreClosedError from then on) and forgotten, and the caller opens the
+    new files. Its own handles are released as its stores close. The old
+    file stays open meanwhile, so its inode cannot be reused by the new one.
+    Caller holds _REGISTRY_LOCK."""
+    env = _REGISTRY.get(key)
+    if env is not None and env.pid == os.getpid() and _identity(key) != env.identity:
+        env.stale = True
+        del _REGISTRY[key]
+        return None
+    return env
+
+
 def _release(key: str, env: _Env) -> None:
     with _REGISTRY_LOCK:
         env.refs -= 1
@@ -1411,7 +1450,9 @@ def compact_lmdb(
     data = os.path.join(path, "data.mdb")
     if not os.path.isfile(data):
         raise CorruptStoreError(f"{path} is not an LMDB store (no data.mdb)")
-    if os.path.realpath(path) in _REGISTRY:
+    with _REGISTRY_LOCK:
+        busy = _registered(os.path.realpath(path)) is not None
+    if busy:
         raise StoreBusyError(
             f"cannot compact {path}: this process has it open; close every "
             "LMDBStore/KVSaver on it first (compaction is offline)"

@@ -33,7 +33,9 @@ def run_child(code: str, *args: Any, timeout: float = 240.0) -> subprocess.Compl
             timeout=timeout,
         )
     except subprocess.TimeoutExpired as e:
-        raise AssertionError(f"the child did not finish in {timeout} s (a hang): {e.stderr!r}")
+        raise AssertionError(
+            f"the child did not finish in {timeout} s (a hang): {e.stderr!r}"
+        ) from None
 
 
 # -- 1. interrupts (Ctrl-C, a SIGALRM timeout) anywhere inside a write ------------------
@@ -105,13 +107,14 @@ for t in helpers:
     assert not t.is_alive(), "a helper thread hangs"
 
 # Every later write of the process completes, from another thread and this one.
-done = []
-t = threading.Thread(target=lambda: done.append(store.transact(lambda txn: txn.put(b"after", b"1"))))
+t = threading.Thread(target=store.transact, args=(lambda txn: txn.put(b"after", b"1"),))
 t.start()
 t.join(30)
 assert not t.is_alive(), "a write after the interrupts hangs"
 with store.write() as txn:
     txn.put(b"after-write", b"1")
+with store.read() as txn:
+    assert txn.get(b"after") == b"1"
 gate = store._env.gate
 assert (gate._shared, gate._exclusive) == (0, False), (gate._shared, gate._exclusive)
 assert helper_errors == [], helper_errors[:3]
@@ -203,3 +206,57 @@ def test_a_reader_killed_mid_read_does_not_make_the_store_grow(
     if durability == "full":
         limit = 5 << 20
     assert info["file_bytes"] <= limit, info
+
+
+# -- 3. the store's directory deleted and opened again in the same process -----------------
+
+_LIST_THREADS = """
+import sys
+from kvsaver import KVSaver
+with KVSaver(sys.argv[1], readonly=True) as saver:
+    for t in ("old", "new"):
+        config = {"configurable": {"thread_id": t, "checkpoint_ns": ""}}
+        print(t, saver.get_tuple(config) is not None)
+"""
+
+
+def _put(saver: Any, thread: str) -> None:
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    config = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+    cp = empty_checkpoint()
+    cp["channel_values"] = {"v": thread}
+    cp["channel_versions"] = {"v": 1}
+    saver.put(config, cp, {}, {"v": 1})
+
+
+@pytest.mark.parametrize("old_use", ["after", "never"])
+def test_rmtree_and_reopen_in_one_process_gives_a_fresh_store(tmp_path: Path, old_use: str) -> None:
+    """Issue #11.3: with an old saver still open, ``rmtree(path); KVSaver(path)``
+    reused the process's environment on the deleted files: the new saver saw
+    the deleted thread and its writes went nowhere."""
+    import shutil
+
+    from kvsaver import KVSaver
+    from kvsaver.kv import StoreClosedError
+
+    path = tmp_path / "s"
+    old = KVSaver(path)
+    _put(old, "old")
+    shutil.rmtree(path)
+    new = KVSaver(path)
+    config = {"configurable": {"thread_id": "old", "checkpoint_ns": ""}}
+    assert new.get_tuple(config) is None  # a fresh store
+    _put(new, "new")
+    if old_use == "after":
+        with pytest.raises(StoreClosedError, match="deleted or replaced"):
+            old.get_tuple(config)
+        with pytest.raises(StoreClosedError, match="deleted or replaced"):
+            _put(old, "old")
+    old.close()
+    with KVSaver(path) as again:  # closing the old one left the new one working
+        _put(again, "new")
+    new.close()
+    out = run_child(_LIST_THREADS, path, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["old", "False", "new", "True"]
