@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import struct
 import threading
 import time
 import weakref
@@ -287,12 +288,24 @@ class _Env:
             if self.lock_fd is not None:
                 os.close(self.lock_fd)
                 self.lock_fd = None
+            if isinstance(e, lmdb.Error):
+                _check_data_file(self.path)  # a clearer reason, if the file has one
             if isinstance(e, lmdb.InvalidError):
                 raise CorruptStoreError(f"{self.path} does not hold a valid LMDB store: {e}") from e
             if isinstance(e, lmdb.VersionMismatchError):
                 raise CorruptStoreError(
                     f"{self.path} was written by an incompatible LMDB version: {e}"
                 ) from e
+            raise
+        try:
+            # After LMDB's open, which waits for a creating process to have
+            # written the meta pages; before any page is read through the map.
+            _check_data_file(self.path)
+        except BaseException:
+            self.env.close()
+            if self.lock_fd is not None:
+                os.close(self.lock_fd)
+                self.lock_fd = None
             raise
         self.identity = _identity(self.path)
         self.env.reader_check()
@@ -1313,6 +1326,70 @@ def _disk_full(path: str, e: BaseException) -> BaseException:
     return full
 
 
+# LMDB 0.9's MDB_meta on a 64-bit build (lmdb.h/mdb.c), after the 16-byte page
+# header of pages 0 and 1: magic, version, address, mapsize, then two MDB_db
+# (pad, flags, depth, branch/leaf/overflow pages, entries, root; the free DB's
+# pad is the page size), then the last page number and the transaction id.
+_META = struct.Struct("<IIQQ" + "IHHQQQQQ" * 2 + "QQ")
+_META_AT = 16
+_META_MAGIC = 0xBEEFC0DE
+_META_VERSION = 1
+_NO_PAGE = (1 << 64) - 1  # P_INVALID: the root of an empty DB
+
+
+def _check_data_file(path: str) -> None:
+    """Raise CorruptStoreError naming ``path/data.mdb`` if it cannot be the
+    file its meta pages describe (issue #11.4). LMDB maps the file and reads
+    pages through the map: a page past the end of a truncated file kills the
+    process with SIGBUS, no exception. So the meta pages are read with
+    ``pread`` first, and the newest one (the larger transaction id, as LMDB
+    picks it) must have its last page inside the file and its roots at or
+    below its last page. Nothing is checked for a missing file."""
+    data = os.path.join(path, "data.mdb")
+    try:
+        fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        size = os.fstat(fd).st_size
+        metas = []
+        at = 0
+        for _ in range(2):
+            raw = os.pread(fd, _META_AT + _META.size, at)
+            if len(raw) < _META_AT + _META.size:
+                break
+            meta = _META.unpack_from(raw, _META_AT)
+            metas.append(meta)
+            at = meta[4]  # the page size: meta page 1 starts there
+            if not 512 <= at <= 65536 or at & (at - 1):
+                break
+    finally:
+        os.close(fd)
+    problem = None
+    if size == 0:
+        problem = "is empty (0 bytes)"
+    elif len(metas) < 2 or any(m[0] != _META_MAGIC for m in metas):
+        problem = "is not a valid LMDB data file (no LMDB meta pages)"
+    elif any(m[1] != _META_VERSION for m in metas):
+        problem = f"has LMDB data format {metas[0][1]}/{metas[1][1]}, not {_META_VERSION}"
+    else:
+        meta = max(metas, key=lambda m: m[21])
+        psize, last, roots = meta[4], meta[20], (meta[11], meta[19])
+        need = (last + 1) * psize
+        if need > size:
+            problem = (
+                f"is truncated: {size:,} bytes, but its last transaction uses "
+                f"{need:,} ({last + 1:,} pages of {psize:,} bytes)"
+            )
+        elif any(r != _NO_PAGE and r > last for r in roots):
+            problem = f"has a damaged meta page (a root past its last page {last:,})"
+    if problem is not None:
+        raise CorruptStoreError(
+            f"{data} {problem}: the store is damaged and cannot be opened safely; "
+            "restore it from a backup"
+        )
+
+
 def _identity(path: str) -> tuple[int, int] | None:
     """Which file ``path/data.mdb`` is (device, inode), or None if none is."""
     try:
@@ -1467,9 +1544,13 @@ def compact_lmdb(
                 f"{LOCK_FILE}); close it first (compaction is offline)"
             ) from None
         _refuse_foreign_openers(path)
+        _check_data_file(path)
         before = os.path.getsize(data)
         tmp = data + ".compact"
-        _rebuild(path, tmp, before, progress)
+        try:
+            _rebuild(path, tmp, before, progress)
+        except (lmdb.InvalidError, lmdb.CorruptedError, lmdb.PageNotFoundError) as e:
+            raise CorruptStoreError(f"{data} is damaged, compaction stopped: {e}") from e
         os.replace(tmp, data)
         fsync_dir(path)
         return CompactResult(before=before, after=os.path.getsize(data))

@@ -220,12 +220,12 @@ with KVSaver(sys.argv[1], readonly=True) as saver:
 """
 
 
-def _put(saver: Any, thread: str) -> None:
+def _put(saver: Any, thread: str, value: Any = None) -> None:
     from langgraph.checkpoint.base import empty_checkpoint
 
     config = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
     cp = empty_checkpoint()
-    cp["channel_values"] = {"v": thread}
+    cp["channel_values"] = {"v": thread if value is None else value}
     cp["channel_versions"] = {"v": 1}
     saver.put(config, cp, {}, {"v": 1})
 
@@ -260,3 +260,109 @@ def test_rmtree_and_reopen_in_one_process_gives_a_fresh_store(tmp_path: Path, ol
     out = run_child(_LIST_THREADS, path, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["old", "False", "new", "True"]
+
+
+# -- 4. damaged data files: an exception naming the file, never a signal ------------------
+
+_OPEN = """
+import sys
+from kvsaver import KVSaver
+from kvsaver.kv import CorruptStoreError
+try:
+    with KVSaver(sys.argv[1], readonly=sys.argv[2] == "ro") as saver:
+        print("threads", saver.stats().threads)
+        if sys.argv[2] == "rw":
+            saver.delete_thread("thread-3")
+except CorruptStoreError as e:
+    print("CorruptStoreError", e)
+"""
+
+
+def _store_with_data(path: Path) -> Path:
+    from kvsaver import KVSaver
+
+    with KVSaver(path) as saver:
+        for t in range(20):
+            _put(saver, f"thread-{t}", os.urandom(20_000))
+    return path / "data.mdb"
+
+
+def _assert_refused(path: Path, data: Path) -> None:
+    """Every way of opening the damaged store gives a Python exception (a
+    SIGBUS would be returncode -7), naming the file."""
+    for mode in ("rw", "ro"):
+        out = run_child(_OPEN, path, mode, timeout=60)
+        assert out.returncode == 0, (mode, out.returncode, out.stderr[-2000:])
+        assert out.stdout.startswith("CorruptStoreError"), (mode, out.stdout)
+        assert str(data) in out.stdout, out.stdout
+    for command in ("stats", "compact"):
+        out = subprocess.run(
+            [sys.executable, "-m", "tools.storage", command, str(path), "--quiet"],
+            cwd=REPO,
+            env=CHILD_ENV,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 2, (command, out.returncode, out.stderr[-2000:])
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and str(data) in lines[0], (command, out.stderr)
+
+
+def test_a_truncated_data_file_is_corrupt_not_a_crash(tmp_path: Path) -> None:
+    """Issue #11.4: a truncated data.mdb killed the process with SIGBUS, for
+    writable and read-only opens, ``tools.storage stats`` and ``compact``."""
+    path = tmp_path / "s"
+    data = _store_with_data(path)
+    before = data.stat().st_size
+    os.truncate(data, before // 2)
+    _assert_refused(path, data)
+    assert data.stat().st_size == before // 2  # left as it was
+
+
+def test_a_damaged_meta_page_is_corrupt(tmp_path: Path) -> None:
+    """The newest meta page's last page number or main root flipped: refused
+    at open, not an OverflowError, MemoryError or SIGBUS later."""
+    import struct
+
+    path = tmp_path / "s"
+    data = _store_with_data(path)
+    raw = bytearray(data.read_bytes())
+    metas = [16, 4096 + 16]
+    newest = max(metas, key=lambda at: struct.unpack_from("<Q", raw, at + 128)[0])
+    for field in (120, 24 + 48 + 40):  # last page, root of the main DB
+        damaged = bytearray(raw)
+        value = struct.unpack_from("<Q", damaged, newest + field)[0]
+        struct.pack_into("<Q", damaged, newest + field, value + 100_000)
+        data.write_bytes(damaged)
+        _assert_refused(path, data)
+
+
+@pytest.mark.parametrize("content", [b"", b"not an lmdb file at all\n" * 1000])
+def test_an_empty_or_foreign_data_file_is_corrupt(tmp_path: Path, content: bytes) -> None:
+    """A 0-byte data.mdb opened read-only (was ``lmdb.Error: Bad file
+    descriptor``) and ``compact`` of a data.mdb that is not LMDB (was a
+    traceback): CorruptStoreError naming the file, exit status 2."""
+    from kvsaver.kv import CorruptStoreError, LMDBStore
+    from kvsaver.kv.lmdb_store import compact_lmdb
+
+    path = tmp_path / "s"
+    path.mkdir()
+    data = path / "data.mdb"
+    data.write_bytes(content)
+    with pytest.raises(CorruptStoreError, match=str(data)):
+        LMDBStore(path, readonly=True)
+    with pytest.raises(CorruptStoreError, match=str(data)):
+        compact_lmdb(path)
+    for command in ("stats", "compact"):
+        out = subprocess.run(
+            [sys.executable, "-m", "tools.storage", command, str(path), "--quiet"],
+            cwd=REPO,
+            env=CHILD_ENV,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 2, (command, out.stderr[-2000:])
+        assert len(out.stderr.strip().splitlines()) == 1 and str(data) in out.stderr
+    assert data.read_bytes() == content
