@@ -685,7 +685,7 @@ def _run_one(store: LMDBStore, env: _Env, txn: lmdb.Transaction, r: _Request, ne
             sub.abort()
         raise
     except Exception as e:
-        r.error = e
+        r.error = _damaged(env.path, e) if isinstance(e, _DAMAGE) else e
         if nested:
             sub.abort()
         return
@@ -856,6 +856,8 @@ class _ReadContext:
             self._txn.abort()
         finally:
             self._env.gate.release_shared()
+        if isinstance(exc[1], _DAMAGE):
+            raise _damaged(self._env.path, exc[1]) from exc[1]
 
 
 def _with_reserve(cap: int) -> int:
@@ -1050,6 +1052,8 @@ class LMDBStore:
                     wrapper._txn.abort()  # nothing if it committed
                 env.gate.restore(held)
                 _drop_orphans(e)
+            if isinstance(e, _DAMAGE):
+                raise _damaged(self.path, e) from e
             raise
 
     def transact(self, fn: Callable[[Any], T]) -> T:
@@ -1184,7 +1188,7 @@ class LMDBStore:
             lead.aborted = True
             if lead.txn is not None:
                 lead.txn.abort()
-            failure = _disk_full(self.path, e)
+            failure = _damaged(self.path, e) if isinstance(e, _DAMAGE) else _disk_full(self.path, e)
         for r in batch:
             if failure is not None:
                 r.error = failure
@@ -1275,6 +1279,18 @@ class LMDBStore:
         return f"LMDBStore({self.path!r}, readonly={self.readonly}, durability={self.durability!r})"
 
 
+# LMDB finding a damaged page: the store is corrupt (issue #11), not a bug of ours.
+_DAMAGE = (lmdb.CorruptedError, lmdb.PageNotFoundError)
+
+
+def _damaged(path: str, e: BaseException) -> CorruptStoreError:
+    error = CorruptStoreError(
+        f"{os.path.join(path, 'data.mdb')} is damaged ({e}); restore it from a backup"
+    )
+    error.__cause__ = e
+    return error
+
+
 def _finished(txn: lmdb.Transaction) -> bool:
     """Whether LMDB has ended ``txn`` (committed or aborted it)."""
     try:
@@ -1344,14 +1360,28 @@ def _check_data_file(path: str) -> None:
     process with SIGBUS, no exception. So the meta pages are read with
     ``pread`` first, and the newest one (the larger transaction id, as LMDB
     picks it) must have its last page inside the file and its roots at or
-    below its last page. Nothing is checked for a missing file."""
+    below its last page. A problem is confirmed by reading again (a meta page
+    read while another process writes it may be torn). Nothing is checked
+    for a missing file."""
     data = os.path.join(path, "data.mdb")
+    problem = None
+    for attempt in range(3):
+        try:
+            problem = _data_file_problem(data)
+        except FileNotFoundError:
+            return
+        if problem is None:
+            return
+        time.sleep(0.01 * (attempt + 1))
+    raise CorruptStoreError(
+        f"{data} {problem}: the store is damaged and cannot be opened safely; "
+        "restore it from a backup"
+    )
+
+
+def _data_file_problem(data: str) -> str | None:
+    fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return
-    try:
-        size = os.fstat(fd).st_size
         metas = []
         at = 0
         for _ in range(2):
@@ -1363,31 +1393,28 @@ def _check_data_file(path: str) -> None:
             at = meta[4]  # the page size: meta page 1 starts there
             if not 512 <= at <= 65536 or at & (at - 1):
                 break
+        # The size after the meta pages: another process may commit (and
+        # extend the file) meanwhile, and the file only grows.
+        size = os.fstat(fd).st_size
     finally:
         os.close(fd)
-    problem = None
     if size == 0:
-        problem = "is empty (0 bytes)"
-    elif len(metas) < 2 or any(m[0] != _META_MAGIC for m in metas):
-        problem = "is not a valid LMDB data file (no LMDB meta pages)"
-    elif any(m[1] != _META_VERSION for m in metas):
-        problem = f"has LMDB data format {metas[0][1]}/{metas[1][1]}, not {_META_VERSION}"
-    else:
-        meta = max(metas, key=lambda m: m[21])
-        psize, last, roots = meta[4], meta[20], (meta[11], meta[19])
-        need = (last + 1) * psize
-        if need > size:
-            problem = (
-                f"is truncated: {size:,} bytes, but its last transaction uses "
-                f"{need:,} ({last + 1:,} pages of {psize:,} bytes)"
-            )
-        elif any(r != _NO_PAGE and r > last for r in roots):
-            problem = f"has a damaged meta page (a root past its last page {last:,})"
-    if problem is not None:
-        raise CorruptStoreError(
-            f"{data} {problem}: the store is damaged and cannot be opened safely; "
-            "restore it from a backup"
+        return "is empty (0 bytes)"
+    if len(metas) < 2 or any(m[0] != _META_MAGIC for m in metas):
+        return "is not a valid LMDB data file (no LMDB meta pages)"
+    if any(m[1] != _META_VERSION for m in metas):
+        return f"has LMDB data format {metas[0][1]}/{metas[1][1]}, not {_META_VERSION}"
+    meta = max(metas, key=lambda m: m[21])
+    psize, last, roots = meta[4], meta[20], (meta[11], meta[19])
+    need = (last + 1) * psize
+    if need > size:
+        return (
+            f"is truncated: {size:,} bytes, but its last transaction uses "
+            f"{need:,} ({last + 1:,} pages of {psize:,} bytes)"
         )
+    if any(r != _NO_PAGE and r > last for r in roots):
+        return f"has a damaged meta page (a root past its last page {last:,})"
+    return None
 
 
 def _identity(path: str) -> tuple[int, int] | None:
@@ -1438,7 +1465,9 @@ def _check_dir(path: str, readonly: bool) -> None:
     if os.path.exists(path) and not os.path.isdir(path):
         raise CorruptStoreError(f"{path} exists and is not a directory; an LMDB store is one")
     if os.path.isdir(path):
-        entries = set(os.listdir(path)) - {LOCK_FILE}
+        # Lock files alone are a store being created by another process this
+        # moment (LMDB makes lock.mdb, then data.mdb), or an open that failed.
+        entries = set(os.listdir(path)) - {LOCK_FILE, "lock.mdb"}
         if entries and "data.mdb" not in entries:
             raise CorruptStoreError(
                 f"{path} is a non-empty directory without data.mdb: not an LMDB store "

@@ -366,3 +366,134 @@ def test_an_empty_or_foreign_data_file_is_corrupt(tmp_path: Path, content: bytes
         assert out.returncode == 2, (command, out.stderr[-2000:])
         assert len(out.stderr.strip().splitlines()) == 1 and str(data) in out.stderr
     assert data.read_bytes() == content
+
+
+# -- two processes creating one store at the same moment ----------------------------------
+
+_CREATE_RACE = """
+import json, sys, time
+from kvsaver.kv import LMDBStore
+base, role, start, count = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+problems = []
+for k in range(count):
+    path = f"{base}/store-{k}"
+    go = start + k * 0.015  # every process goes at the same moment
+    time.sleep(max(0.0, go - time.time() - 0.003))
+    while time.time() < go:
+        pass
+    try:
+        if role == "reader":  # polls for the store another process is creating
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    store = LMDBStore(path, readonly=True)
+                    break
+                except FileNotFoundError:
+                    if time.monotonic() > deadline:
+                        raise
+            store.close()
+        else:
+            with LMDBStore(path, durability="none") as store:
+                store.transact(lambda txn: txn.put(role.encode(), b"1"))
+    except Exception as e:
+        problems.append(f"{k}: {type(e).__name__}: {e}")
+print(json.dumps(problems))
+"""
+
+
+def test_processes_creating_one_store_at_the_same_moment(tmp_path: Path) -> None:
+    """Two writers create each of many new stores at the same moment while a
+    read-only opener polls for it: one writer could fail with "non-empty
+    directory without data.mdb" (LMDB's lock.mdb, made first), and the
+    poller got that error instead of FileNotFoundError."""
+    import json
+    import time
+
+    count = 300
+    start = time.time() + 3.0  # after the interpreters have started
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CREATE_RACE, str(tmp_path), role, str(start), str(count)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=CHILD_ENV,
+            text=True,
+        )
+        for role in ("a", "b", "reader")
+    ]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(30)
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-2000:]
+        assert json.loads(out) == [], out
+    from kvsaver.kv import LMDBStore
+
+    for k in range(count):
+        with LMDBStore(tmp_path / f"store-{k}", readonly=True) as store, store.read() as txn:
+            assert (txn.get(b"a"), txn.get(b"b")) == (b"1", b"1")
+
+
+# -- damaged pages and records: CorruptStoreError, not an error from deep inside --------
+
+
+def test_a_damaged_page_is_corrupt_in_reads_writes_and_transact(tmp_path: Path) -> None:
+    """LMDB's MDB_CORRUPTED / MDB_PAGE_NOTFOUND (flipped bytes in data.mdb)
+    reach the caller as CorruptStoreError naming the file."""
+    import struct
+
+    from kvsaver import KVSaver
+    from kvsaver.kv import CorruptStoreError, LMDBStore
+
+    path = tmp_path / "s"
+    data = _store_with_data(path)
+    raw = bytearray(data.read_bytes())
+    newest = max((16, 4096 + 16), key=lambda at: struct.unpack_from("<Q", raw, at + 128)[0])
+    root = struct.unpack_from("<Q", raw, newest + 24 + 48 + 40)[0]
+    struct.pack_into("<H", raw, root * 4096 + 10, 0)  # the root page: neither branch nor leaf
+    data.write_bytes(raw)
+    with pytest.raises(CorruptStoreError, match=str(data)):
+        KVSaver(path)  # its first read (the schema record) meets the damage
+    with LMDBStore(path) as store:
+        with pytest.raises(CorruptStoreError, match=str(data)), store.read() as txn:
+            list(txn.scan())
+        with pytest.raises(CorruptStoreError, match=str(data)):
+            store.transact(lambda txn: txn.get(b"k"))
+        with pytest.raises(CorruptStoreError, match=str(data)), store.write() as txn:
+            txn.put(b"k", b"v")
+
+
+@pytest.mark.parametrize("damage", ["checkpoint", "blob", "write", "activity", "key"])
+def test_a_damaged_record_is_corrupt(tmp_path: Path, damage: str) -> None:
+    """A record of the saver's own that does not decode (bytes flipped in a
+    value or a key; was ValueError: invalid UTF-8, a bare ValueError, or a
+    TypeError from unpacking) is a CorruptStoreError."""
+    from kvsaver import KVSaver
+    from kvsaver import schema as S
+    from kvsaver.kv import CorruptStoreError
+    from kvsaver.kv.keys import pack, prefix_range
+
+    path = tmp_path / "s"
+    with KVSaver(path) as saver:
+        _put(saver, "t")
+        config = saver.list({"configurable": {"thread_id": "t"}}).__next__().config
+        saver.put_writes(config, [("v", "pending")], "task")
+        kind = {"checkpoint": "c", "blob": "b", "write": "w", "activity": "a", "key": "c"}[damage]
+        with saver.store.write() as txn:
+            key, _ = next(txn.scan(*prefix_range((kind,))))
+            if damage == "key":  # a thread id element that is not UTF-8
+                txn.put(pack(("c",)) + b"\x02\xff\xfe\x00\x02\x00\x02x\x00", b"")
+            else:
+                txn.put(key, b"\x93\xa1x")  # msgpack of a short list: the wrong shape
+                if damage == "blob":
+                    txn.put(key, b"no type separator")
+        with pytest.raises(CorruptStoreError):
+            if damage in ("activity", "key"):
+                saver.stats()  # decodes every key, and the activity records
+            else:
+                saver.get_tuple({"configurable": {"thread_id": "t", "checkpoint_ns": ""}})
+    assert S.FORMAT_VERSION  # the schema module is the one that decodes
