@@ -666,7 +666,9 @@ class _Request:
 
 
 def _wake(r: _Request) -> None:
-    if r.wake.locked():  # only the leader releases, under queue_lock: no race
+    # Only the thread leading r's batch (or promoting r, under queue_lock)
+    # releases r's wake, so nobody releases it between the test and the release.
+    if r.wake.locked():
         r.wake.release()
 
 
@@ -843,11 +845,13 @@ class _ReadContext:
 
     def __enter__(self) -> _LMDBTxn:
         env = self._env = self._store._check_open()
-        env.gate.acquire_shared()
+        gate = env.gate
+        held = gate.held_shared_by_me()
         try:
+            gate.acquire_shared()
             self._txn = env.begin(write=False)
         except BaseException:
-            env.gate.release_shared()
+            gate.restore(held)  # exact, wherever an interrupt landed
             raise
         return _LMDBTxn(self._store, env, self._txn, write=False)
 
@@ -1114,6 +1118,12 @@ class LMDBStore:
                 env.commit_seconds = time.monotonic() - started
             finally:
                 env.writer = None
+        for r in batch:
+            if r is not req:
+                # Before handing over, not under queue_lock: woken callers
+                # queue their next request while we still lead, so it joins
+                # the next batch instead of leading alone.
+                _wake(r)
         with env.queue_lock:
             env.hand_over(req)
 

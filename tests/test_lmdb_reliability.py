@@ -41,7 +41,7 @@ def run_child(code: str, *args: Any, timeout: float = 240.0) -> subprocess.Compl
 # -- 1. interrupts (Ctrl-C, a SIGALRM timeout) anywhere inside a write ------------------
 
 _INTERRUPTED_PUTS = r"""
-import random, signal, sys, threading, time
+import ctypes, random, signal, sys, threading, time
 from kvsaver import KVSaver
 from langgraph.checkpoint.base import empty_checkpoint
 
@@ -80,6 +80,50 @@ helpers = [threading.Thread(target=helper, args=(h,), daemon=True) for h in rang
 for t in helpers:
     t.start()
 
+# Victim threads also write through transact() (waiting in a batch, promoted
+# to lead, leading), and get KeyboardInterrupts raised asynchronously in them
+# (PyThreadState_SetAsyncExc), one at a time: each must reach its own thread.
+victim_stop, victim_errors = threading.Event(), []
+victim_hits = [0, 0]
+
+def victim(v):
+    n = 0
+    while True:
+        try:
+            if victim_stop.is_set():
+                return
+            key = b"victim-%d-%06d" % (v, n)
+            store.transact(lambda txn, key=key: txn.put(key, b"v" * 200))
+            n += 1
+        except KeyboardInterrupt:
+            victim_hits[v] += 1
+        except BaseException as e:
+            victim_errors.append(repr(e))
+            return
+
+victims = [threading.Thread(target=victim, args=(v,), daemon=True) for v in range(2)]
+for t in victims:
+    t.start()
+
+def interrupter():
+    vrng = random.Random(seed + 1)
+    while not stop.is_set():
+        v = vrng.randrange(2)
+        before = victim_hits[v]
+        time.sleep(vrng.uniform(0, 0.003))
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(victims[v].ident), ctypes.py_object(KeyboardInterrupt)
+        )
+        deadline = time.monotonic() + 30
+        while victim_hits[v] == before and time.monotonic() < deadline:
+            time.sleep(0.0005)  # delivered and counted before the next one
+        if victim_hits[v] == before:
+            victim_errors.append(f"victim {v} never got its interrupt (hangs?)")
+            return
+
+sender = threading.Thread(target=interrupter, daemon=True)
+sender.start()
+
 interrupted = completed = 0
 config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
 for i in range(rounds):
@@ -102,9 +146,14 @@ for i in range(rounds):
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 stop.set()
-for t in helpers:
+sender.join(60)
+assert not sender.is_alive(), "the interrupter hangs"
+victim_stop.set()
+for t in helpers + victims:
     t.join(30)
-    assert not t.is_alive(), "a helper thread hangs"
+    assert not t.is_alive(), "a helper or victim thread hangs"
+assert victim_errors == [], victim_errors[:3]
+assert min(victim_hits) > 20, victim_hits
 
 # Every later write of the process completes, from another thread and this one.
 t = threading.Thread(target=store.transact, args=(lambda txn: txn.put(b"after", b"1"),))
@@ -121,7 +170,7 @@ assert helper_errors == [], helper_errors[:3]
 with store.read() as txn:
     missing = [k for k in helper_done if txn.get(k) is None]
 assert missing == [], missing[:3]
-print(interrupted, completed, len(helper_done))
+print(interrupted, completed, len(helper_done), sum(victim_hits))
 """
 
 
@@ -131,13 +180,15 @@ def test_interrupts_anywhere_in_writes_never_hang_later_writes(
 ) -> None:
     """Issue #11.1: a KeyboardInterrupt raised from a timer at random moments of
     many puts and writes (while two threads commit through transact(), often in
-    a batch the interrupted thread leads). Then writes from another thread and
-    this one must finish, the gate must be free, and the helper threads must
-    have seen no interrupt and lost no acknowledged write."""
+    a batch the interrupted thread leads), and KeyboardInterrupts raised
+    asynchronously in two more writing threads. Then writes from another
+    thread and this one must finish, the gate must be free, and the helper
+    threads must have seen no interrupt and lost no acknowledged write."""
     out = run_child(_INTERRUPTED_PUTS, tmp_path / "s", durability, 1500, 11, timeout=150)
     assert out.returncode == 0, out.stderr[-3000:]
-    interrupted, completed, helper_writes = map(int, out.stdout.split())
+    interrupted, completed, helper_writes, victim_hits = map(int, out.stdout.split())
     assert interrupted > 100 and completed > 100 and helper_writes > 100, out.stdout
+    assert victim_hits > 40, out.stdout
 
 
 # -- 2. a reader killed inside a read transaction ---------------------------------------
