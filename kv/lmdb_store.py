@@ -1037,10 +1037,13 @@ class LMDBStore:
                         wrapper = _LMDBTxn(self, env, env.begin(write=True), write=True)
                         try:
                             yield wrapper
+                            self._commit(wrapper)
                         except BaseException:
+                            # Before the gate is given back: the map may grow
+                            # only while no transaction is open. (Nothing if
+                            # the commit happened.)
                             wrapper._txn.abort()
                             raise
-                        self._commit(wrapper)
                         cleaned = bool(wrapper._log) and _no_puts(wrapper._log or [])
                     finally:
                         env.gate.release_shared()
@@ -1134,7 +1137,6 @@ class LMDBStore:
         its gate holds (to ``held``), the batch transaction (committed if and
         only if LMDB closed it without our abort; else aborted and the other
         callers' requests queued again), its queue entry and the lead."""
-        env.gate.restore(held)
         txn = req.txn
         committed = False
         if txn is not None:
@@ -1142,6 +1144,7 @@ class LMDBStore:
             if not committed:
                 req.aborted = True
                 txn.abort()
+        env.gate.restore(held)  # after the abort: the map grows only with no transaction open
         with env.queue_lock:
             if committed and env.leader is req:
                 for r in env.batch:
@@ -1192,6 +1195,14 @@ class LMDBStore:
                         # usable after one more commit (see commit_noop); retry once.
                         if _disk_full(self.path, e) is e or not env.commit_noop():
                             raise
+            except BaseException:
+                # Before the gate is given back (the map grows only with no
+                # transaction open): end a transaction still open. One LMDB
+                # closed was committed, or is marked aborted already.
+                if lead.txn is not None and not _finished(lead.txn):
+                    lead.aborted = True
+                    lead.txn.abort()
+                raise
             finally:
                 env.gate.release_shared()
         except Exception as e:
