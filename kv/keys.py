@@ -59,7 +59,9 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-__all__ = ["Element", "pack", "prefix_range", "unpack"]
+from .store import CorruptStoreError
+
+__all__ = ["Element", "MalformedKeyError", "pack", "prefix_range", "unpack"]
 
 Element = Any  # None | bytes | str | int | float | bool
 
@@ -165,12 +167,18 @@ def pack(t: tuple) -> bytes:
     return b"".join(out)
 
 
+class MalformedKeyError(CorruptStoreError, ValueError):
+    """``unpack`` met bytes that ``pack`` never makes: read from a store, a
+    damaged store (issue #11), hence a CorruptStoreError; a ValueError as
+    for any bad input."""
+
+
 def _find_terminator(key: bytes, pos: int) -> int:
     """Index of the unescaped 0x00 ending the byte string that starts at pos."""
     while True:
         end = key.find(b"\x00", pos)
         if end < 0:
-            raise ValueError("malformed key: unterminated byte string")
+            raise MalformedKeyError("malformed key: unterminated byte string")
         if end + 1 < len(key) and key[end + 1] == 0xFF:
             pos = end + 2
             continue
@@ -191,37 +199,43 @@ def unpack(key: bytes) -> tuple:
         elif code == BYTES or code == STR:
             end = _find_terminator(key, pos)
             raw = key[pos:end].replace(b"\x00\xff", b"\x00")
-            out.append(raw if code == BYTES else raw.decode("utf-8", "surrogatepass"))
+            if code == BYTES:
+                out.append(raw)
+            else:
+                try:
+                    out.append(raw.decode("utf-8", "surrogatepass"))
+                except UnicodeDecodeError:
+                    raise MalformedKeyError("malformed key: a string that is not UTF-8") from None
             pos = end + 1
         elif NEG_BIG < code < POS_BIG:
             size = code - INT_ZERO
             if size >= 0:
                 body = key[pos : pos + size]
                 if len(body) != size:
-                    raise ValueError("malformed key: truncated int")
+                    raise MalformedKeyError("malformed key: truncated int")
                 out.append(int.from_bytes(body, "big"))
             else:
                 size = -size
                 body = key[pos : pos + size]
                 if len(body) != size:
-                    raise ValueError("malformed key: truncated int")
+                    raise MalformedKeyError("malformed key: truncated int")
                 out.append(int.from_bytes(body, "big") - _SIZE_LIMITS[size])
             pos += size
         elif code == POS_BIG or code == NEG_BIG:
             if pos >= n:
-                raise ValueError("malformed key: truncated int")
+                raise MalformedKeyError("malformed key: truncated int")
             size = key[pos] if code == POS_BIG else key[pos] ^ 0xFF
             pos += 1
             body = key[pos : pos + size]
             if len(body) != size:
-                raise ValueError("malformed key: truncated int")
+                raise MalformedKeyError("malformed key: truncated int")
             value = int.from_bytes(body, "big")
             out.append(value if code == POS_BIG else value - ((1 << (8 * size)) - 1))
             pos += size
         elif code == FLOAT:
             body = key[pos : pos + 8]
             if len(body) != 8:
-                raise ValueError("malformed key: truncated float")
+                raise MalformedKeyError("malformed key: truncated float")
             bits = _U64.unpack(body)[0]
             if bits & 0x8000000000000000:
                 bits ^= 0x8000000000000000
@@ -234,7 +248,7 @@ def unpack(key: bytes) -> tuple:
         elif code == TRUE:
             out.append(True)
         else:
-            raise ValueError(f"malformed key: unknown type code 0x{code:02x} at {pos - 1}")
+            raise MalformedKeyError(f"malformed key: unknown type code 0x{code:02x} at {pos - 1}")
     return tuple(out)
 
 

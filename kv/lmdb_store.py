@@ -12,13 +12,22 @@ The rules of LMDB that wrappers usually get wrong are each handled once, here:
   by another process is adopted (``MapResizedError`` -> ``set_mapsize(0)``).
 * **One environment per process.** LMDB must not open the same files twice in
   one process, so stores on one directory share one environment (refcounted).
+  If the directory's ``data.mdb`` was deleted or replaced since (``rmtree``
+  and open again), a new open gets a fresh environment on the new files and
+  the old handles raise ``StoreClosedError`` (``_registered``).
 * **Writers.** One write transaction at a time: an in-process lock, and across
   processes LMDB's own writer mutex. Readers never block and never wait.
 * **fork().** An environment must not be used in a child after ``fork()``. The
   child reopens the directory on first use and never closes the parent's
   handle (closing it would release the parent's reader slots).
 * **Dead readers.** Reader slots left by killed processes are cleared
-  (``reader_check``) at open and whenever the reader table fills up.
+  (``reader_check``) at open, when the reader table fills up, as the data
+  file grows (a dead reader's snapshot keeps freed pages from being reused)
+  and before a write is refused at the size cap (``_Env.check_readers``).
+* **Interrupts.** A ``KeyboardInterrupt`` (or any exception raised from a
+  signal handler) landing anywhere in a write leaves no lock, gate hold,
+  lead or open transaction behind, and reaches only its own thread
+  (``LMDBStore.transact``).
 * **Snapshots.** LMDB 0.9 can give a read transaction begun during two quick
   commits of another process a newer snapshot than its id names, and the
   next read an older one; every read transaction is checked and begun again
@@ -69,6 +78,7 @@ from __future__ import annotations
 import fcntl
 import itertools
 import os
+import struct
 import threading
 import time
 import weakref
@@ -107,13 +117,26 @@ _COMPACTION_WAIT_SECONDS = 60.0
 
 
 class _SharedExclusive:
-    """A lock with many shared holders or one exclusive holder (writer-preferring)."""
+    """A lock with many shared holders or one exclusive holder (writer-preferring).
+
+    Interrupt-safe (issue #11.1): the raw lock is entered with ``with`` (a
+    Condition's ``__exit__`` is Python code, where an interrupt can land before
+    it releases anything), and every change of a count happens with the
+    matching record of who holds it in one locked step without a call in
+    between, so an exception raised asynchronously (KeyboardInterrupt from a
+    signal handler) cannot separate the two; ``restore()`` then puts a
+    thread's holds back to what they were, whatever point it was interrupted
+    at. Waits re-check their condition every ``_POLL_SECONDS``, so a
+    notification lost to an interrupt delays a waiter instead of hanging it.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._shared = 0
         self._exclusive = False
+        self._owner: tuple[int, int] | None = None  # (thread, serial) holding it exclusively
+        self._serial = 0
         self._waiting_exclusive = 0
         self._mine = threading.local()  # .n: this thread's shared holds
 
@@ -124,44 +147,70 @@ class _SharedExclusive:
     # exclusive request anywhere) takes the plain lock once and nothing else.
     def acquire_shared(self) -> None:
         mine = self._mine
-        held = getattr(mine, "n", 0)
         with self._lock:
+            held = getattr(mine, "n", 0)
             # A thread already holding it shared must not wait behind a
             # pending exclusive request (it would wait for itself).
             while self._exclusive or (self._waiting_exclusive and not held):
-                self._cond.wait()
+                self._cond.wait(_POLL_SECONDS)
             self._shared += 1
-        mine.n = held + 1
+            mine.n = held + 1
 
     def release_shared(self) -> None:
         mine = self._mine
-        mine.n -= 1
         with self._lock:
             self._shared -= 1
+            mine.n -= 1
             # notify_all() costs a lock probe even with nobody waiting: only
             # an exclusive request (growth, fork) waits for readers to drain.
             if self._shared == 0 and self._waiting_exclusive:
                 self._cond.notify_all()
 
-    def acquire_exclusive(self, timeout: float | None = None) -> bool:
-        """Wait until no transaction of this process is open; False on timeout."""
-        with self._cond:
+    def acquire_exclusive(self, timeout: float | None = None) -> tuple[int, int] | None:
+        """Wait until no transaction of this process is open; the owner token
+        (for release_exclusive), or None on timeout."""
+        me = threading.get_ident()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
             self._waiting_exclusive += 1
             try:
-                ok = self._cond.wait_for(
-                    lambda: not (self._exclusive or self._shared), timeout=timeout
-                )
+                while self._exclusive or self._shared:
+                    left = _POLL_SECONDS
+                    if deadline is not None:
+                        left = min(left, deadline - time.monotonic())
+                        if left <= 0:
+                            break
+                    self._cond.wait(left)
+                owner = None
+                if not (self._exclusive or self._shared):
+                    self._serial += 1
+                    owner = self._owner = (me, self._serial)
+                    self._exclusive = True
             finally:
                 self._waiting_exclusive -= 1
-            if ok:
-                self._exclusive = True
-            else:
+            if owner is None:
                 self._cond.notify_all()
-            return ok
+            return owner
 
-    def release_exclusive(self) -> None:
-        with self._cond:
-            self._exclusive = False
+    def release_exclusive(self, owner: tuple[int, int] | None) -> None:
+        with self._lock:
+            if owner is not None and self._owner == owner:  # not one restore() gave back
+                self._exclusive = False
+                self._owner = None
+            self._cond.notify_all()
+
+    def restore(self, held: int) -> None:
+        """Give back whatever this thread took beyond ``held`` shared holds
+        (and an exclusive hold): the cleanup after an interrupt."""
+        me = threading.get_ident()
+        mine = self._mine
+        with self._lock:
+            n = getattr(mine, "n", 0)
+            self._shared += held - n
+            mine.n = held
+            if self._owner is not None and self._owner[0] == me:
+                self._exclusive = False
+                self._owner = None
             self._cond.notify_all()
 
     @contextmanager
@@ -171,11 +220,11 @@ class _SharedExclusive:
                 "the LMDB map must grow, but this thread holds an open transaction on "
                 "the same store; finish it (e.g. exhaust or close a scan) and retry"
             )
-        self.acquire_exclusive()
+        owner = self.acquire_exclusive()
         try:
             yield
         finally:
-            self.release_exclusive()
+            self.release_exclusive(owner)
 
 
 class _Env:
@@ -187,19 +236,27 @@ class _Env:
         self.options = options
         self.refs = 0
         self.quiet_at_fork = True
+        self.stale = False  # its files were deleted or replaced (see _registered())
+        self.fork_owner: tuple[int, int] | None = None  # the gate, held across fork()
         self.lock_fd: int | None = None
         self._open()
 
     def _open(self) -> None:
         self.write_lock = threading.Lock()
-        self.writer: int | None = None  # thread holding write_lock (see writing())
-        self._writing = _Writing(self)
+        # Taken with ``with env.write_lock:`` only: a lock's own __enter__ and
+        # __exit__ are C, so an interrupt cannot fall between taking it and
+        # the block that releases it (a Python context manager's __exit__ can
+        # be interrupted before its first line).
+        self.writer: int | None = None  # thread holding write_lock (check_not_writing)
         self.noop_txnid = -1  # see commit_noop()
         self.over_cap = False  # a delete-only transaction is using the reserve
         self.headroom_skips = 0  # see ensure_headroom()
         self.queue_lock = threading.Lock()
         self.queue: list[_Request] = []
-        self.leading = False  # a thread is committing batches of transact()
+        # Group commit (transact()): the request whose thread commits batches
+        # now, and the batch it took. Both change only under queue_lock.
+        self.leader: _Request | None = None
+        self.batch: list[_Request] = []
         self.arrived = threading.Condition(self.queue_lock)  # see gather()
         self.batch_sizes = (1, 1)  # the last two batches
         self.commit_seconds = 0.0  # how long the last batch took
@@ -232,6 +289,8 @@ class _Env:
             if self.lock_fd is not None:
                 os.close(self.lock_fd)
                 self.lock_fd = None
+            if isinstance(e, lmdb.Error):
+                _check_data_file(self.path)  # a clearer reason, if the file has one
             if isinstance(e, lmdb.InvalidError):
                 raise CorruptStoreError(f"{self.path} does not hold a valid LMDB store: {e}") from e
             if isinstance(e, lmdb.VersionMismatchError):
@@ -239,9 +298,21 @@ class _Env:
                     f"{self.path} was written by an incompatible LMDB version: {e}"
                 ) from e
             raise
+        try:
+            # After LMDB's open, which waits for a creating process to have
+            # written the meta pages; before any page is read through the map.
+            _check_data_file(self.path)
+        except BaseException:
+            self.env.close()
+            if self.lock_fd is not None:
+                os.close(self.lock_fd)
+                self.lock_fd = None
+            raise
+        self.identity = _identity(self.path)
         self.env.reader_check()
         self.max_key = self.env.max_key_size()
         self.psize = int(self.env.stat()["psize"])
+        self.readers_checked_at = self.used_bytes()  # see check_readers()
         # Last: check_fork()'s unlocked fast path reads pid, so another thread
         # of a forked child must not see our pid before the new env is ready.
         self.pid = os.getpid()
@@ -277,7 +348,7 @@ class _Env:
         between one and all-but-one. Wait until as many requests as the
         larger of the last two batches are queued, for at most half a commit
         (and _GATHER_MAX_SECONDS). A lone writer never waits."""
-        with self.arrived:
+        with self.queue_lock:
             expect = max(self.batch_sizes)
             if expect > 1 and len(self.queue) < expect:
                 deadline = time.monotonic() + min(_GATHER_MAX_SECONDS, self.commit_seconds / 2)
@@ -287,17 +358,47 @@ class _Env:
                         break
                     self.arrived.wait(left)
             batch, self.queue = self.queue, []
+            self.batch = batch  # with the line above: no call in between
         self.batch_sizes = (self.batch_sizes[1], len(batch))
         return batch
+
+    def hand_over(self, lead: _Request) -> None:
+        """The leader ``lead`` is done, normally or interrupted: its batch's
+        requests that are not done (their commit did not happen) go back to
+        the front of the queue, unless their caller was interrupted too; the
+        oldest queued request leads next; done requests are woken. The state
+        changes first, each in one step; wake-ups last (a waiter also polls,
+        so one cut short by an interrupt only delays it). Caller holds
+        queue_lock."""
+        if self.leader is not lead:
+            return
+        batch = self.batch
+        undone = [r for r in batch if not r.done and not r.abandoned and r is not lead]
+        self.queue[:0] = undone
+        self.batch = []
+        nxt = self.queue[0] if self.queue else None
+        self.leader = nxt
+        if nxt is not None:
+            _wake(nxt)
+        for r in batch:
+            if r.done and r is not lead:
+                _wake(r)
+
+    def withdraw(self, req: _Request) -> None:
+        """``req``'s caller was interrupted: take it out of the queue, and if
+        it leads, hand over. A request inside another leader's running batch
+        may still be committed (as an interrupted commit may have been).
+        Caller holds queue_lock."""
+        req.abandoned = True
+        for i, r in enumerate(self.queue):
+            if r is req:
+                del self.queue[i]
+                break
+        self.hand_over(req)
 
     def check_not_writing(self) -> None:
         if self.writer == threading.get_ident():
             raise RuntimeError("a write transaction is already open in this thread")
-
-    def writing(self) -> _Writing:
-        """Hold the in-process write lock. It is not reentrant: a thread that
-        already holds it gets a clear error instead of waiting for itself."""
-        return self._writing
 
     # -- map size -----------------------------------------------------------
     def map_size(self) -> int:
@@ -321,6 +422,8 @@ class _Env:
             target = max(current * 2, (minimum or 0) * 2, current + (1 << 20))
             if cap is not None:
                 if current >= cap:
+                    if self.env.reader_check():
+                        return  # a dead reader pinned freed pages; the caller retries
                     if self.commit_noop():
                         return  # the caller retries; the freed pages are usable now
                     if shrinking and current < _with_reserve(cap):
@@ -400,11 +503,31 @@ class _Env:
             self.headroom_skips -= 1
             return
         used, size = self.sizes()
+        self.check_readers(used)
         cap = self.options["max_size"]
         if used * 2 > size and (cap is None or size < cap):
             self.grow(used)
         elif used * 4 < size:
             self.headroom_skips = _HEADROOM_SKIPS
+
+    def check_readers(self, used: int) -> None:
+        """Clear dead readers' slots when the data in use grew by an eighth
+        (at least _READER_CHECK_GROWTH) since the last check (issue #11.2).
+
+        A reader killed inside a read transaction (OOM killer, a worker
+        timeout) leaves its slot, and the snapshot it names keeps every page
+        freed after it from being reused: a long-running writer's store
+        would grow without bound. LMDB clears such slots only when asked
+        (``reader_check``: one lock probe per reader process, 15 µs with four
+        of them), so ask whenever the file had to grow: each write where
+        commits sync (zero_ahead knows the size anyway), every
+        _HEADROOM_SKIPS + 1 writes otherwise, and before refusing a write at
+        the size cap (grow())."""
+        if used >= self.readers_checked_at + max(
+            _READER_CHECK_GROWTH, self.readers_checked_at // 8
+        ):
+            self.env.reader_check()
+            self.readers_checked_at = used
 
     def zero_ahead(self) -> None:
         """Write zeros to the data file past LMDB's last page, ahead of need.
@@ -428,6 +551,7 @@ class _Env:
         zeroing for this process: it is only an optimization."""
         info = self.env.info()
         used = (int(info["last_pgno"]) + 1) * self.psize
+        self.check_readers(used)
         chunk = min(max(used // 16, _ZERO_MIN), _ZERO_MAX) // _PAGE * _PAGE
         if used + chunk // 2 <= self.zeroed_to:
             return
@@ -520,59 +644,52 @@ class _Env:
 
 
 _SETTLE_TRIES = 32
+_POLL_SECONDS = 0.05  # waits re-check their condition (a wake-up may be lost to an interrupt)
 _ZERO_MIN = 256 << 10  # a small store stays small on disk
 _ZERO_MAX = 8 << 20
 _GATHER_MAX_SECONDS = 0.002
 _HEADROOM_SKIPS = 15
-
-
-class _Writing:
-    """The context manager of ``_Env.writing()`` (a class: it runs at every
-    write, and a @contextmanager generator costs microseconds more)."""
-
-    __slots__ = ("env",)
-
-    def __init__(self, env: _Env) -> None:
-        self.env = env
-
-    def __enter__(self) -> None:
-        env = self.env
-        env.check_not_writing()
-        env.write_lock.acquire()
-        env.writer = threading.get_ident()
-
-    def __exit__(self, *exc: object) -> None:
-        env = self.env
-        env.writer = None
-        env.write_lock.release()
+_READER_CHECK_GROWTH = 1 << 20
 
 
 class _Request:
     """One caller's function waiting for a group commit."""
 
-    __slots__ = ("done", "error", "fn", "result", "wake")
+    __slots__ = ("abandoned", "aborted", "done", "error", "fn", "result", "txn", "wake")
 
-    # wake: a lock created held, released once (by the leader that did this
-    # request's batch, or that promotes it to lead), acquired by the waiter:
-    # cheaper than a threading.Event, which builds a Condition.
+    # wake: a lock created held, released by the leader that did this
+    # request's batch, or that promotes it to lead, and acquired by the waiter
+    # (cheaper than a threading.Event, which builds a Condition). The waiter
+    # also polls (_POLL_SECONDS): a release lost to an interrupt only delays.
 
     def __init__(self, fn: Callable[[Any], Any]) -> None:
         self.fn = fn
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = False
+        self.abandoned = False  # its caller was interrupted (withdraw())
+        # As the leader: the batch's write transaction, and whether we ended
+        # it other than by committing (see LMDBStore._interrupted).
+        self.txn: lmdb.Transaction | None = None
+        self.aborted = False
         self.wake = threading.Lock()
         self.wake.acquire()
 
-    def finish(self, error: BaseException) -> None:
-        self.error = error
-        self.done = True
+
+def _wake(r: _Request) -> None:
+    # Only the thread leading r's batch (or promoting r, under queue_lock)
+    # releases r's wake, so nobody releases it between the test and the release.
+    if r.wake.locked():
+        r.wake.release()
 
 
 def _run_one(store: LMDBStore, env: _Env, txn: lmdb.Transaction, r: _Request, nested: bool) -> None:
     """Run one request's function; in a batch, inside a nested transaction so
     that its failure undoes only its own changes. MapFullError propagates (the
-    whole batch is rerun after the map grows)."""
+    whole batch is rerun after the map grows), and so does a BaseException
+    that is not an Exception (KeyboardInterrupt, SystemExit): it interrupts
+    the leader's thread, and other callers' functions are run again by the
+    next leader instead of receiving it."""
     sub = env.env.begin(write=True, parent=txn) if nested else txn
     try:
         r.result = r.fn(_LMDBTxn(store, env, sub, write=True, replay=False))
@@ -580,11 +697,15 @@ def _run_one(store: LMDBStore, env: _Env, txn: lmdb.Transaction, r: _Request, ne
         if nested:
             sub.abort()
         raise
-    except BaseException as e:
-        r.error = e
+    except Exception as e:
+        r.error = _damaged(env.path, e) if isinstance(e, _DAMAGE) else e
         if nested:
             sub.abort()
         return
+    except BaseException:
+        if nested:
+            sub.abort()
+        raise
     if nested:
         sub.commit()
 
@@ -602,15 +723,16 @@ def _before_fork() -> None:
     # the wait, leaves that environment unusable in the child (clear error).
     _REGISTRY_LOCK.acquire()
     for env in _REGISTRY.values():
-        env.quiet_at_fork = not env.gate.held_shared_by_me() and env.gate.acquire_exclusive(
-            _FORK_WAIT_SECONDS
+        env.fork_owner = (
+            None if env.gate.held_shared_by_me() else env.gate.acquire_exclusive(_FORK_WAIT_SECONDS)
         )
+        env.quiet_at_fork = env.fork_owner is not None
 
 
 def _after_fork_parent() -> None:
     for env in _REGISTRY.values():
         if env.quiet_at_fork:
-            env.gate.release_exclusive()
+            env.gate.release_exclusive(env.fork_owner)
     _REGISTRY_LOCK.release()
 
 
@@ -624,7 +746,8 @@ def _after_fork_child() -> None:
         env.queue_lock = threading.Lock()
         env.arrived = threading.Condition(env.queue_lock)
         env.queue = []
-        env.leading = False
+        env.leader = None
+        env.batch = []
         env.gate = _SharedExclusive()
 
 
@@ -747,13 +870,15 @@ class _ReadContext:
     def __enter__(self) -> _LMDBTxn:
         store = self._store
         env = self._env = store._env
-        if store._closed or env.pid != os.getpid():
+        if store._closed or env.stale or env.pid != os.getpid():
             store._check_open()
-        env.gate.acquire_shared()
+        gate = env.gate
+        held = gate.held_shared_by_me()
         try:
+            gate.acquire_shared()
             self._txn = env.begin_read()
         except BaseException:
-            env.gate.release_shared()
+            gate.restore(held)  # exact, wherever an interrupt landed
             raise
         return _LMDBTxn(store, env, self._txn, write=False)
 
@@ -762,6 +887,8 @@ class _ReadContext:
             self._txn.abort()
         finally:
             self._env.gate.release_shared()
+        if isinstance(exc[1], _DAMAGE):
+            raise _damaged(self._env.path, exc[1]) from exc[1]
 
 
 def _with_reserve(cap: int) -> int:
@@ -883,7 +1010,7 @@ class LMDBStore:
         if inherited is not None:
             inherited.check_fork()  # reopen a handle inherited through fork()
         with _REGISTRY_LOCK:
-            env = _REGISTRY.get(key)
+            env = _registered(key)
             if env is not None:
                 if env.readonly and not readonly:
                     raise KVError(
@@ -900,8 +1027,15 @@ class LMDBStore:
     def _check_open(self) -> _Env:
         if self._closed:
             raise StoreClosedError(f"the store at {self.path} is closed")
-        self._env.check_fork()
-        return self._env
+        env = self._env
+        if env.stale:
+            raise StoreClosedError(
+                f"the store at {self.path} was deleted or replaced while this handle was "
+                "open (a store opened there since uses the new files); this handle is "
+                "closed: open the path again"
+            )
+        env.check_fork()
+        return env
 
     @property
     def max_key_size(self) -> int:
@@ -915,22 +1049,46 @@ class LMDBStore:
         env = self._check_open()
         if self.readonly:
             raise ReadOnlyError(f"the store at {self.path} was opened read-only")
-        with env.writing():
-            env.ensure_headroom()
-            env.gate.acquire_shared()
-            cleaned = False
-            try:
-                wrapper = _LMDBTxn(self, env, env.begin(write=True), write=True)
+        env.check_not_writing()  # else this thread would wait for itself
+        me = threading.get_ident()
+        held = env.gate.held_shared_by_me()
+        wrapper: _LMDBTxn | None = None
+        try:
+            with env.write_lock:
+                env.writer = me
                 try:
-                    yield wrapper
-                except BaseException:
-                    wrapper._txn.abort()
-                    raise
-                self._commit(wrapper)
-                cleaned = bool(wrapper._log) and _no_puts(wrapper._log or [])
-            finally:
-                env.gate.release_shared()
-                env.settle_cap(cleaned)
+                    env.ensure_headroom()
+                    env.gate.acquire_shared()
+                    cleaned = False
+                    try:
+                        wrapper = _LMDBTxn(self, env, env.begin(write=True), write=True)
+                        try:
+                            yield wrapper
+                            self._commit(wrapper)
+                        except BaseException:
+                            # Before the gate is given back: the map may grow
+                            # only while no transaction is open. (Nothing if
+                            # the commit happened.)
+                            wrapper._txn.abort()
+                            raise
+                        cleaned = bool(wrapper._log) and _no_puts(wrapper._log or [])
+                    finally:
+                        env.gate.release_shared()
+                        env.settle_cap(cleaned)
+                finally:
+                    env.writer = None
+        except BaseException as e:
+            if not isinstance(e, Exception):
+                # Interrupted (issue #11.1), maybe between two steps above:
+                # end the transaction, give back the gate, and drop what the
+                # interrupted frames still hold (see _drop_orphans).
+                if wrapper is not None:
+                    wrapper._txn.abort()  # nothing if it committed
+                env.gate.restore(held)
+                _drop_orphans(e)
+            if isinstance(e, _DAMAGE):
+                raise _damaged(self.path, e) from e
+            raise
 
     def transact(self, fn: Callable[[Any], T]) -> T:
         """Run ``fn(txn)`` in a write transaction and return its result.
@@ -941,85 +1099,148 @@ class LMDBStore:
         rolls back only that function's changes and reaches only that caller.
         Every caller returns only after the commit holding its changes is
         durable (per ``durability``). ``fn`` may run more than once (after a
-        map growth), so it must act only through ``txn``; it must not call
-        ``transact`` or ``write`` itself.
+        map growth, or when the thread committing its batch is interrupted),
+        so it must act only through ``txn``; it must not call ``transact`` or
+        ``write`` itself.
+
+        An interrupt (``KeyboardInterrupt``, or any ``BaseException`` that is
+        not an ``Exception``, e.g. from a signal handler) reaches only the
+        thread it was raised in, wherever it lands: the batch that thread was
+        committing is rolled back unless its commit already happened, the
+        other callers' functions are committed by the next leader, and every
+        later write goes through. The interrupted call's own function may or
+        may not have been committed, as with any interrupted commit.
         """
         env = self._check_open()
         if self.readonly:
             raise ReadOnlyError(f"the store at {self.path} was opened read-only")
         env.check_not_writing()  # else this thread would wait for itself
         req = _Request(fn)
-        with env.queue_lock:
-            env.queue.append(req)
-            lead = not env.leading
-            env.leading = True
-            env.arrived.notify()  # a gathering leader counts arrivals
-        if not lead:
-            req.wake.acquire()  # done by a leader, or promoted to lead
-        if not req.done:
-            batch = env.gather()
-            with env.writing():
-                started = time.monotonic()
-                self._run_batch(env, batch)
-                env.commit_seconds = time.monotonic() - started
-            for r in batch:
-                if r is not req:  # each request is woken once, and we are awake
-                    r.wake.release()
-            with env.queue_lock:
-                if env.queue:
-                    env.queue[0].wake.release()  # the oldest waiter leads the next batch
-                else:
-                    env.leading = False
+        held = env.gate.held_shared_by_me()
+        try:
+            self._group_commit(env, req)
+        except BaseException as e:
+            self._interrupted(env, req, held, e)
+            raise
         if req.error is not None:
             raise req.error
         return req.result  # type: ignore[return-value]
 
+    def _group_commit(self, env: _Env, req: _Request) -> None:
+        with env.queue_lock:
+            env.queue.append(req)
+            if env.leader is None:
+                env.leader = req
+            env.arrived.notify()  # a gathering leader counts arrivals
+        if env.leader is not req:
+            # Until a leader has done our function, or made us lead.
+            while not req.wake.acquire(timeout=_POLL_SECONDS):
+                if req.done or env.leader is req:
+                    break
+            if req.done:
+                return
+        batch = env.gather()
+        with env.write_lock:
+            env.writer = threading.get_ident()
+            try:
+                started = time.monotonic()
+                self._run_batch(env, batch)
+                env.commit_seconds = time.monotonic() - started
+            finally:
+                env.writer = None
+        for r in batch:
+            if r is not req:
+                # Before handing over, not under queue_lock: woken callers
+                # queue their next request while we still lead, so it joins
+                # the next batch instead of leading alone.
+                _wake(r)
+        with env.queue_lock:
+            env.hand_over(req)
+
+    def _interrupted(self, env: _Env, req: _Request, held: int, e: BaseException) -> None:
+        """Clean up after an exception escaped the group commit: an interrupt,
+        which can land between any two steps of it. Whatever this thread
+        held is given back from the state itself, not from how far it got:
+        its gate holds (to ``held``), the batch transaction (committed if and
+        only if LMDB closed it without our abort; else aborted and the other
+        callers' requests queued again), its queue entry and the lead."""
+        txn = req.txn
+        committed = False
+        if txn is not None:
+            committed = not req.aborted and _finished(txn)
+            if not committed:
+                req.aborted = True
+                txn.abort()
+        env.gate.restore(held)  # after the abort: the map grows only with no transaction open
+        with env.queue_lock:
+            if committed and env.leader is req:
+                for r in env.batch:
+                    r.done = True  # results and errors were set before the commit
+            env.withdraw(req)
+        _drop_orphans(e)
+
     def _run_batch(self, env: _Env, batch: list[_Request]) -> None:
+        """Run ``batch`` in one write transaction (``lead.txn``, ``lead`` the
+        request of the thread running it, ``env.leader``) and commit it;
+        each request gets its result or error and is marked done. A failure of
+        the commit itself (cap reached, disk error) is every caller's failure:
+        none of their changes were written. An interrupt propagates as it is,
+        nothing marked done (see _interrupted)."""
+        lead = env.leader
+        assert lead is not None
+        failure: BaseException | None = None
         try:
             env.ensure_headroom()
             env.gate.acquire_shared()
-        except BaseException as e:
-            for r in batch:
-                r.finish(error=e)
-            return
-        txn: lmdb.Transaction | None = None
-        try:
-            while True:
-                txn = env.begin(write=True)
-                try:
-                    for r in batch:
-                        r.result, r.error = None, None
-                        _run_one(self, env, txn, r, nested=len(batch) > 1)
-                    if len(batch) == 1 and batch[0].error is not None:
-                        txn.abort()
-                    else:
-                        txn.commit()
-                    break
-                except lmdb.MapFullError:
-                    txn.abort()
-                    used = env.used_bytes()  # under the gate (see sizes())
-                    env.gate.release_shared()
+            try:
+                while True:
+                    lead.txn = env.begin(write=True)
+                    lead.aborted = False
                     try:
-                        env.grow(used)
-                    finally:
-                        env.gate.acquire_shared()
-                except lmdb.Error as e:
-                    # Disk full right after a delete: the pages it freed become
-                    # usable after one more commit (see commit_noop); retry once.
-                    if _disk_full(self.path, e) is e or not env.commit_noop():
-                        raise
-        except BaseException as e:
-            # A failure of the shared commit itself (cap reached, disk error)
-            # is every caller's failure: none of their changes were written.
-            error = _disk_full(self.path, e)
-            for r in batch:
-                r.error = error
-            if txn is not None:
-                txn.abort()
-        finally:
-            env.gate.release_shared()
-            for r in batch:
-                r.done = True
+                        for r in batch:
+                            r.result, r.error = None, None
+                            _run_one(self, env, lead.txn, r, nested=len(batch) > 1)
+                        if len(batch) == 1 and batch[0].error is not None:
+                            lead.aborted = True
+                            lead.txn.abort()
+                        else:
+                            lead.txn.commit()
+                        break
+                    except lmdb.MapFullError:
+                        lead.aborted = True  # first: the commit may have closed it
+                        lead.txn.abort()
+                        used = env.used_bytes()  # under the gate (see sizes())
+                        env.gate.release_shared()
+                        try:
+                            env.grow(used)
+                        finally:
+                            env.gate.acquire_shared()
+                    except lmdb.Error as e:
+                        lead.aborted = True
+                        lead.txn.abort()
+                        # Disk full right after a delete: the pages it freed become
+                        # usable after one more commit (see commit_noop); retry once.
+                        if _disk_full(self.path, e) is e or not env.commit_noop():
+                            raise
+            except BaseException:
+                # Before the gate is given back (the map grows only with no
+                # transaction open): end a transaction still open. One LMDB
+                # closed was committed, or is marked aborted already.
+                if lead.txn is not None and not _finished(lead.txn):
+                    lead.aborted = True
+                    lead.txn.abort()
+                raise
+            finally:
+                env.gate.release_shared()
+        except Exception as e:
+            lead.aborted = True
+            if lead.txn is not None:
+                lead.txn.abort()
+            failure = _damaged(self.path, e) if isinstance(e, _DAMAGE) else _disk_full(self.path, e)
+        for r in batch:
+            if failure is not None:
+                r.error = failure
+            r.done = True
 
     def _commit(self, wrapper: _LMDBTxn) -> None:
         while True:
@@ -1106,6 +1327,44 @@ class LMDBStore:
         return f"LMDBStore({self.path!r}, readonly={self.readonly}, durability={self.durability!r})"
 
 
+# LMDB finding a damaged page: the store is corrupt (issue #11), not a bug of ours.
+_DAMAGE = (lmdb.CorruptedError, lmdb.PageNotFoundError)
+
+
+def _damaged(path: str, e: BaseException) -> CorruptStoreError:
+    error = CorruptStoreError(
+        f"{os.path.join(path, 'data.mdb')} is damaged ({e}); restore it from a backup"
+    )
+    error.__cause__ = e
+    return error
+
+
+def _finished(txn: lmdb.Transaction) -> bool:
+    """Whether LMDB has ended ``txn`` (committed or aborted it)."""
+    try:
+        txn.id()
+    except lmdb.Error:
+        return True
+    return False
+
+
+def _drop_orphans(e: BaseException) -> None:
+    """An interrupt can land right after LMDB began a transaction and before
+    anything of ours recorded it; the interrupted frames then hold it, and an
+    open write transaction holds LMDB's writer lock, so the next write of
+    this thread would wait for itself. Clearing the locals of this module's
+    finished frames in the traceback (it keeps file and line) drops such a
+    transaction, and py-lmdb aborts a transaction nobody refers to."""
+    tb = e.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_globals is globals():
+            try:
+                tb.tb_frame.clear()
+            except RuntimeError:  # still executing (the caller's own frame)
+                pass
+        tb = tb.tb_next
+
+
 def _disk_full(path: str, e: BaseException) -> BaseException:
     """``e``, or a StoreFullError if ``e`` is LMDB failing to write for lack of
     disk space: ENOSPC or EDQUOT, or the EIO that LMDB reports for a short
@@ -1131,6 +1390,108 @@ def _disk_full(path: str, e: BaseException) -> BaseException:
     return full
 
 
+# LMDB 0.9's MDB_meta on a 64-bit build (lmdb.h/mdb.c), after the 16-byte page
+# header of pages 0 and 1: magic, version, address, mapsize, then two MDB_db
+# (pad, flags, depth, branch/leaf/overflow pages, entries, root; the free DB's
+# pad is the page size), then the last page number and the transaction id.
+_META = struct.Struct("<IIQQ" + "IHHQQQQQ" * 2 + "QQ")
+_META_AT = 16
+_META_MAGIC = 0xBEEFC0DE
+_META_VERSION = 1
+_NO_PAGE = (1 << 64) - 1  # P_INVALID: the root of an empty DB
+
+
+def _check_data_file(path: str) -> None:
+    """Raise CorruptStoreError naming ``path/data.mdb`` if it cannot be the
+    file its meta pages describe (issue #11.4). LMDB maps the file and reads
+    pages through the map: a page past the end of a truncated file kills the
+    process with SIGBUS, no exception. So the meta pages are read with
+    ``pread`` first, and the newest one (the larger transaction id, as LMDB
+    picks it) must have its last page inside the file and its roots at or
+    below its last page. A problem is confirmed by reading again (a meta page
+    read while another process writes it may be torn). Nothing is checked
+    for a missing file."""
+    data = os.path.join(path, "data.mdb")
+    problem = None
+    for attempt in range(3):
+        try:
+            problem = _data_file_problem(data)
+        except FileNotFoundError:
+            return
+        if problem is None:
+            return
+        time.sleep(0.01 * (attempt + 1))
+    raise CorruptStoreError(
+        f"{data} {problem}: the store is damaged and cannot be opened safely; "
+        "restore it from a backup"
+    )
+
+
+def _data_file_problem(data: str) -> str | None:
+    fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        metas = []
+        at = 0
+        for _ in range(2):
+            raw = os.pread(fd, _META_AT + _META.size, at)
+            if len(raw) < _META_AT + _META.size:
+                break
+            meta = _META.unpack_from(raw, _META_AT)
+            metas.append(meta)
+            at = meta[4]  # the page size: meta page 1 starts there
+            if not 512 <= at <= 65536 or at & (at - 1):
+                break
+        # The size after the meta pages: another process may commit (and
+        # extend the file) meanwhile, and the file only grows.
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    if size == 0:
+        return "is empty (0 bytes)"
+    if len(metas) < 2 or any(m[0] != _META_MAGIC for m in metas):
+        return "is not a valid LMDB data file (no LMDB meta pages)"
+    if any(m[1] != _META_VERSION for m in metas):
+        return f"has LMDB data format {metas[0][1]}/{metas[1][1]}, not {_META_VERSION}"
+    meta = max(metas, key=lambda m: m[21])
+    psize, last, roots = meta[4], meta[20], (meta[11], meta[19])
+    need = (last + 1) * psize
+    if need > size:
+        return (
+            f"is truncated: {size:,} bytes, but its last transaction uses "
+            f"{need:,} ({last + 1:,} pages of {psize:,} bytes)"
+        )
+    if any(r != _NO_PAGE and r > last for r in roots):
+        return f"has a damaged meta page (a root past its last page {last:,})"
+    return None
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """Which file ``path/data.mdb`` is (device, inode), or None if none is."""
+    try:
+        st = os.stat(os.path.join(path, "data.mdb"))
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _registered(key: str) -> _Env | None:
+    """The environment this process has open on directory ``key``, unless
+    its data file was deleted or replaced since (issue #11.3: a notebook or a
+    test fixture runs ``shutil.rmtree(path)`` and opens ``path`` again while
+    an old store is still open). Reusing it would serve the deleted files,
+    and every write would vanish; so it is marked stale (its stores raise
+    StoreClosedError from then on) and forgotten, and the caller opens the
+    new files. Its own handles are released as its stores close. The old
+    file stays open meanwhile, so its inode cannot be reused by the new one.
+    Caller holds _REGISTRY_LOCK."""
+    env = _REGISTRY.get(key)
+    if env is not None and env.pid == os.getpid() and _identity(key) != env.identity:
+        env.stale = True
+        del _REGISTRY[key]
+        return None
+    return env
+
+
 def _release(key: str, env: _Env) -> None:
     with _REGISTRY_LOCK:
         env.refs -= 1
@@ -1152,7 +1513,9 @@ def _check_dir(path: str, readonly: bool) -> None:
     if os.path.exists(path) and not os.path.isdir(path):
         raise CorruptStoreError(f"{path} exists and is not a directory; an LMDB store is one")
     if os.path.isdir(path):
-        entries = set(os.listdir(path)) - {LOCK_FILE}
+        # Lock files alone are a store being created by another process this
+        # moment (LMDB makes lock.mdb, then data.mdb), or an open that failed.
+        entries = set(os.listdir(path)) - {LOCK_FILE, "lock.mdb"}
         if entries and "data.mdb" not in entries:
             raise CorruptStoreError(
                 f"{path} is a non-empty directory without data.mdb: not an LMDB store "
@@ -1241,7 +1604,9 @@ def compact_lmdb(
     data = os.path.join(path, "data.mdb")
     if not os.path.isfile(data):
         raise CorruptStoreError(f"{path} is not an LMDB store (no data.mdb)")
-    if os.path.realpath(path) in _REGISTRY:
+    with _REGISTRY_LOCK:
+        busy = _registered(os.path.realpath(path)) is not None
+    if busy:
         raise StoreBusyError(
             f"cannot compact {path}: this process has it open; close every "
             "LMDBStore/KVSaver on it first (compaction is offline)"
@@ -1256,9 +1621,13 @@ def compact_lmdb(
                 f"{LOCK_FILE}); close it first (compaction is offline)"
             ) from None
         _refuse_foreign_openers(path)
+        _check_data_file(path)
         before = os.path.getsize(data)
         tmp = data + ".compact"
-        _rebuild(path, tmp, before, progress)
+        try:
+            _rebuild(path, tmp, before, progress)
+        except (lmdb.InvalidError, lmdb.CorruptedError, lmdb.PageNotFoundError) as e:
+            raise CorruptStoreError(f"{data} is damaged, compaction stopped: {e}") from e
         os.replace(tmp, data)
         fsync_dir(path)
         return CompactResult(before=before, after=os.path.getsize(data))

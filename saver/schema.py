@@ -108,6 +108,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 import ormsgpack
+from kvsaver.kv import CorruptStoreError
 from kvsaver.kv.keys import pack, prefix_range, unpack
 
 FORMAT_VERSION = 3  # 3: delta records among the blobs (issue #15)
@@ -454,8 +455,18 @@ def encode_checkpoint(rec: CheckpointRecord) -> bytes:
     )
 
 
+def _damaged(kind: str, e: Exception) -> CorruptStoreError:
+    """A record of ours that does not decode: the store is damaged (issue #11)."""
+    error = CorruptStoreError(f"a damaged {kind} record in the store ({e})")
+    error.__cause__ = e
+    return error
+
+
 def decode_checkpoint(raw: bytes) -> CheckpointRecord:
-    t, ns, cid, parent, ctype, cbytes, mtype, mbytes, run_id, meta = ormsgpack.unpackb(raw)
+    try:
+        t, ns, cid, parent, ctype, cbytes, mtype, mbytes, run_id, meta = ormsgpack.unpackb(raw)
+    except (ValueError, TypeError) as e:
+        raise _damaged("checkpoint", e) from e
     return CheckpointRecord(t, ns, cid, parent, (ctype, cbytes), (mtype, mbytes), run_id, meta)
 
 
@@ -473,8 +484,11 @@ def decode_blob(raw: bytes | None) -> Typed | None:
         return None
     head, sep, body = raw.partition(b"\x00")
     if not sep:
-        raise ValueError("a channel value record without its type")
-    type_ = _TYPE_NAMES.get(head) or head.decode("ascii")
+        raise CorruptStoreError("a damaged channel value record in the store (no type)")
+    try:
+        type_ = _TYPE_NAMES.get(head) or head.decode("ascii")
+    except UnicodeDecodeError as e:
+        raise _damaged("channel value", e) from e
     return None if type_ == EMPTY_TYPE else (type_, body)
 
 
@@ -499,7 +513,10 @@ def encode_write(rec: WriteRecord) -> bytes:
 
 
 def decode_write(raw: bytes) -> WriteRecord:
-    task_id, channel, vtype, vbytes, task_path, idx = ormsgpack.unpackb(raw)
+    try:
+        task_id, channel, vtype, vbytes, task_path, idx = ormsgpack.unpackb(raw)
+    except (ValueError, TypeError) as e:
+        raise _damaged("write", e) from e
     return WriteRecord(task_id, channel, (vtype, vbytes), task_path, idx)
 
 
@@ -508,8 +525,11 @@ def encode_activity(ms: int, thread: str) -> bytes:
 
 
 def decode_activity(raw: bytes) -> tuple[int, str]:
-    ms, thread = ormsgpack.unpackb(raw)
-    return int(ms), thread
+    try:
+        ms, thread = ormsgpack.unpackb(raw)
+        return int(ms), thread
+    except (ValueError, TypeError) as e:
+        raise _damaged("activity", e) from e
 
 
 def encode_thread(thread: str) -> bytes:
