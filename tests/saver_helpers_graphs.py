@@ -10,6 +10,7 @@ langgraph and the standard library.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
@@ -144,14 +145,23 @@ class LogState(TypedDict):
     log: Annotated[list[str], operator.add]
 
 
-def flaky_graph(checkpointer: Any, calls: list[str], fail: list[bool]) -> Any:
-    """Two parallel nodes, one of which fails while ``fail[0]``; then a join."""
+def flaky_graph(
+    checkpointer: Any,
+    calls: list[str],
+    fail: list[bool],
+    before_failing: Callable[[], None] | None = None,
+) -> Any:
+    """Two parallel nodes, one of which fails while ``fail[0]``; then a join.
+    ``before_failing`` runs in the flaky node before it fails (and before it
+    records its call), e.g. to wait until the good node's write is saved."""
 
     def good(state: LogState) -> dict[str, Any]:
         calls.append("good")
         return {"log": ["good"]}
 
     def flaky(state: LogState) -> dict[str, Any]:
+        if fail[0] and before_failing is not None:
+            before_failing()
         calls.append("flaky")
         if fail[0]:
             raise RuntimeError("flaky failed")
