@@ -602,11 +602,12 @@ class _Env:
         """``begin(write=False)``, its common case first: every read comes here."""
         try:
             txn = self.env.begin(buffers=False)
+            if self.env.info()["last_txnid"] <= txn.id():
+                return txn  # no commit newer than ours: settled (see _settled)
+            # _settled begins again: another process may grow the map meanwhile
+            return self._settled(txn)
         except (lmdb.MapResizedError, lmdb.ReadersFullError):
-            return self.begin(write=False)
-        if self.env.info()["last_txnid"] <= txn.id():
-            return txn  # no commit newer than ours: settled (see _settled)
-        return self._settled(txn)
+            return self.begin(write=False)  # adopts the growth, clears dead readers
 
     def _ready(self, txn: lmdb.Transaction, write: bool) -> lmdb.Transaction:
         if not write:
