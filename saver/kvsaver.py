@@ -44,11 +44,9 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
-    DeltaChannelHistory,
     PendingWrite,
     SerializerProtocol,
     get_checkpoint_metadata,
-    writes_sort_key,
 )
 
 from . import compression as C
@@ -58,6 +56,7 @@ from . import schema as S
 from . import stats as ST
 from . import threads as TH
 from . import upgrade as U
+from ._compat import HAS_DELTA_CHANNELS, DeltaChannelHistory, writes_sort_key
 
 __all__ = ["KVSaver"]
 
@@ -824,6 +823,12 @@ def _open_postgres(
     return PostgresStore(
         url, readonly=readonly, **{_POSTGRES_OPTIONS[k]: v for k, v in options.items()}
     )
+
+
+if not HAS_DELTA_CHANNELS:
+    # langgraph-checkpoint < 4.1 has no DeltaChannel and no saver there has
+    # these methods; KVSaver has them exactly where LangGraph can call them.
+    del KVSaver.get_delta_channel_history, KVSaver.aget_delta_channel_history
 
 
 # -- list helpers ---------------------------------------------------------------
