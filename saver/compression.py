@@ -60,6 +60,7 @@ __all__ = [
     "DEFAULT_THRESHOLD",
     "SUFFIX",
     "CompressingSerializer",
+    "EncryptedValueError",
     "with_msgpack_allowlist",
     "wrap",
 ]
@@ -73,6 +74,22 @@ DEFAULT_THRESHOLD = 512  # bytes; below it the zstd frame overhead eats the gain
 # compresses the whole of each changed channel again.
 DEFAULT_LEVEL = 1
 DEFAULT_CACHE_BYTES = 8 << 20
+
+
+class EncryptedValueError(ValueError):
+    """A stored value is encrypted (its type reads ``"<type>+<cipher>"``) and
+    the saver's serializer cannot decrypt it: the store was written with an
+    ``EncryptedSerializer`` and opened without one."""
+
+    def __init__(self, typ: str) -> None:
+        self.type = typ
+        cipher = typ.split("+", 1)[1]
+        super().__init__(
+            f"this value was written with EncryptedSerializer (stored type {typ!r}, "
+            f"cipher {cipher!r}) and this saver has no key for it; pass serde=..., e.g. "
+            "KVSaver(path, serde=EncryptedSerializer.from_pycryptodome_aes(key=...)) "
+            "with the key the store was written with"
+        )
 
 
 class _Inflated:
@@ -175,7 +192,12 @@ class CompressingSerializer(SerializerProtocol):
                 plain = self._decompressor().decompress(raw)
                 self._inflated.add(raw, plain)
             typ, raw = typ[: -len(SUFFIX)], plain
-        return self.serde.loads_typed((typ, raw))
+        try:
+            return self.serde.loads_typed((typ, raw))
+        except NotImplementedError as e:  # "Unknown serialization type"
+            if "+" in typ:  # EncryptedSerializer's "<type>+<cipher>" (issue #12.4)
+                raise EncryptedValueError(typ) from e
+            raise
 
     def compress_typed(
         self, typ: str, data: bytes, threshold: int | None = None
