@@ -276,6 +276,8 @@ def with_msgpack_allowlist(
     """LangGraph's msgpack allowlist applied through our wrapper: returns
     ``serde`` itself when nothing changes, else a new serializer of the same
     shape whose ``JsonPlusSerializer`` carries the extended allowlist."""
+    if not hasattr(JsonPlusSerializer, "with_msgpack_allowlist"):
+        return serde  # langgraph-checkpoint 4.0.0: no msgpack allowlist to extend
     comp = _find(serde)
     inner = comp.serde if comp is not None else serde
     if isinstance(inner, JsonPlusSerializer):

@@ -8,6 +8,7 @@ disk sync never blocks the event loop and no method body is written twice.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import copy
 import difflib
 import functools
@@ -158,7 +159,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         *,
         serde: SerializerProtocol | None = None,
         readonly: bool = False,
-        backend: Literal["lmdb", "file"] | None = None,
+        backend: str | None = None,
         durability: Literal["full", "meta", "none"] | None = None,
         max_size: int | None = None,
         compress: bool = True,
@@ -186,6 +187,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         if isinstance(path_or_store, Store):
             self.store = path_or_store
         else:
+            assert self._backend is not None  # None only for a given Store
             self.store = _BACKENDS[self._backend].open(path_or_store, readonly, given)
         try:
             self._check_schema()
@@ -373,7 +375,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         filter: dict[str, Any] | None = None,
         before: RunnableConfig | None = None,
         limit: int | None = None,
-    ) -> Iterator[list[CheckpointTuple]]:
+    ) -> Iterator[builtins.list[CheckpointTuple]]:  # builtins: ``list`` is a method here
         if limit is not None and limit <= 0:
             return
         if filter is not None and not isinstance(filter, Mapping):
@@ -496,7 +498,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         starts, so a value the serializer rejects leaves the store untouched."""
         thread, ns, conf = _thread_ns(config, "put")
         dumps = self.serde.dumps_typed
-        cp = dict(checkpoint)
+        cp: dict[str, Any] = dict(checkpoint)
         values: dict[str, Any] = cp.pop("channel_values", None) or {}
         checkpoint_id = str(cp["id"])
         # Lists as plain msgpack: stored as deltas where they extend (issue #15).
@@ -893,8 +895,10 @@ _BACKENDS: dict[str, _Backend] = {
     "postgres": _Backend(lambda url, **kw: _open_postgres(str(url), **kw), _POSTGRES_OPTIONS),
 }
 # KVSaver's own keyword options, for the "did you mean" of a misspelled one.
-_SAVER_OPTIONS = ("serde", "readonly", "backend", "compress", "compress_threshold")
-_SAVER_OPTIONS += ("retention", "clock")
+_SAVER_OPTIONS = (
+    *("serde", "readonly", "backend", "compress", "compress_threshold"),
+    *("retention", "clock"),
+)
 
 
 def _choose_backend(
