@@ -761,6 +761,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         return await loop.run_in_executor(None, functools.partial(fn, *args, **kwargs))
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """Async ``get_tuple``."""
         return await self._run(self.get_tuple, config)
 
     async def alist(
@@ -771,6 +772,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
+        """Async ``list``: the same chunks, each read in a worker thread."""
         chunks = self._list_chunks(config, filter=filter, before=before, limit=limit)
         while True:
             chunk = await self._run(next, chunks, None)
@@ -786,6 +788,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
+        """Async ``put``."""
         return await self._run(self.put, config, checkpoint, metadata, new_versions)
 
     async def aput_writes(
@@ -795,18 +798,23 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         task_id: str,
         task_path: str = "",
     ) -> None:
+        """Async ``put_writes``."""
         await self._run(self.put_writes, config, writes, task_id, task_path)
 
     async def adelete_thread(self, thread_id: str) -> None:
+        """Async ``delete_thread``."""
         await self._run(self.delete_thread, thread_id)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Async ``delete_for_runs``."""
         await self._run(self.delete_for_runs, run_ids)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Async ``copy_thread``."""
         await self._run(self.copy_thread, source_thread_id, target_thread_id)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Async ``prune``."""
         await self._run(self.prune, thread_ids, strategy=strategy)
 
     async def asweep(
@@ -816,14 +824,17 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         full: bool = True,
         progress: Callable[[int, int | None], None] | None = None,
     ) -> R.SweepReport:
+        """Async ``sweep``."""
         return await self._run(self.sweep, retention, full=full, progress=progress)
 
     async def astats(self) -> ST.StoreStats:
+        """Async ``stats``."""
         return await self._run(self.stats)
 
     async def aget_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]
     ) -> Mapping[str, DeltaChannelHistory]:
+        """Async ``get_delta_channel_history``."""
         return await self._run(self.get_delta_channel_history, config=config, channels=channels)
 
 

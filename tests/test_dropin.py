@@ -7,6 +7,7 @@ Runs on the lowest LangGraph pyproject allows too (.ci/run)."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -274,3 +275,14 @@ def test_with_allowlist_on_every_version() -> None:
     _put(allowed, "t")
     assert saver.get_tuple(config("t")) is not None
     assert allowed.get_tuple(config("t")) is not None
+
+
+def test_async_methods_have_docstrings() -> None:
+    own = {n: f for n, f in vars(KVSaver).items() if n.startswith("a") and callable(f)}
+    asyncs = {
+        n: f
+        for n, f in own.items()
+        if inspect.iscoroutinefunction(f) or inspect.isasyncgenfunction(f)
+    }
+    assert {"aget_tuple", "alist", "aput", "aput_writes", "asetup"} <= set(asyncs)
+    assert [n for n, f in asyncs.items() if not (f.__doc__ or "").strip()] == []
