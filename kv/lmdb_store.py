@@ -263,8 +263,8 @@ class _Env:
         self.gate = _SharedExclusive()
         # Zeroing ahead (see zero_ahead()): the data file's end we know is
         # written, and the fd we write through; only where commits fsync.
-        if getattr(self, "data_fd", None) is not None:
-            os.close(self.data_fd)  # inherited through fork()
+        if (inherited_fd := getattr(self, "data_fd", None)) is not None:
+            os.close(inherited_fd)  # inherited through fork()
         self.data_fd: int | None = None
         self.zeroed_to = 0
         self.zeroing = not self.readonly and self.options["durability"] != "none"

@@ -137,10 +137,11 @@ class _MemTxn:
         b = next(base_it, None)
         o = next(over_it, None)
         while b is not None or o is not None:
-            if o is None or (b is not None and ((b > o) if reverse else (b < o))):
+            if b is not None and (o is None or ((b > o) if reverse else (b < o))):
                 yield b, data[b]
                 b = next(base_it, None)
                 continue
+            assert o is not None  # o is None only while b is not: the branch above
             if b == o:
                 b = next(base_it, None)
             v = overlay[o]

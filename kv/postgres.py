@@ -675,7 +675,11 @@ class PostgresStore:
                 "connect_timeout": max(2, int(connect_timeout)),
                 "options": f"-c statement_timeout={ms}",
             }
-            options = {"min_size": min_size, "max_size": max_size, "timeout": pool_timeout}
+            options: dict[str, Any] = {
+                "min_size": min_size,
+                "max_size": max_size,
+                "timeout": pool_timeout,
+            }
             options.update(pool_options or {})
 
             def make() -> Any:

@@ -1,12 +1,13 @@
 """saver: KVSaver, a LangGraph checkpoint saver over the ``kv`` engine."""
 
-from .compression import CompressingSerializer
+from .compression import CompressingSerializer, EncryptedValueError
 from .kvsaver import KVSaver
 from .retention import Retention, SweepReport
 from .stats import StoreStats, ThreadStats
 
 __all__ = [
     "CompressingSerializer",
+    "EncryptedValueError",
     "KVSaver",
     "Retention",
     "StoreStats",

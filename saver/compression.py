@@ -69,6 +69,7 @@ __all__ = [
     "DEFAULT_THRESHOLD",
     "SUFFIX",
     "CompressingSerializer",
+    "EncryptedValueError",
     "loader",
     "with_msgpack_allowlist",
     "wrap",
@@ -83,6 +84,22 @@ DEFAULT_THRESHOLD = 2048  # bytes; see "Why 2 KiB" in the module docstring
 # compresses the whole of each changed channel again.
 DEFAULT_LEVEL = 1
 DEFAULT_CACHE_BYTES = 8 << 20
+
+
+class EncryptedValueError(ValueError):
+    """A stored value is encrypted (its type reads ``"<type>+<cipher>"``) and
+    the saver's serializer cannot decrypt it: the store was written with an
+    ``EncryptedSerializer`` and opened without one."""
+
+    def __init__(self, typ: str) -> None:
+        self.type = typ
+        cipher = typ.split("+", 1)[1]
+        super().__init__(
+            f"this value was written with EncryptedSerializer (stored type {typ!r}, "
+            f"cipher {cipher!r}) and this saver has no key for it; pass serde=..., e.g. "
+            "KVSaver(path, serde=EncryptedSerializer.from_pycryptodome_aes(key=...)) "
+            "with the key the store was written with"
+        )
 
 
 class _Inflated:
@@ -182,7 +199,12 @@ class CompressingSerializer(SerializerProtocol):
         typ, raw = data
         if typ.endswith(SUFFIX):
             typ, raw = typ[: -len(SUFFIX)], self._inflate(raw)
-        return self.serde.loads_typed((typ, raw))
+        try:
+            return self.serde.loads_typed((typ, raw))
+        except NotImplementedError as e:  # "Unknown serialization type"
+            if "+" in typ:  # EncryptedSerializer's "<type>+<cipher>" (issue #12.4)
+                raise EncryptedValueError(typ) from e
+            raise
 
     def compress_typed(
         self, typ: str, data: bytes, threshold: int | None = None
@@ -304,6 +326,8 @@ def with_msgpack_allowlist(
     """LangGraph's msgpack allowlist applied through our wrapper: returns
     ``serde`` itself when nothing changes, else a new serializer of the same
     shape whose ``JsonPlusSerializer`` carries the extended allowlist."""
+    if not hasattr(JsonPlusSerializer, "with_msgpack_allowlist"):
+        return serde  # langgraph-checkpoint 4.0.0: no msgpack allowlist to extend
     comp = _find(serde)
     inner = comp.serde if comp is not None else serde
     if isinstance(inner, JsonPlusSerializer):

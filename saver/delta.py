@@ -370,6 +370,7 @@ class Codec:
         for p in pending:
             old = get(p.key)
             if p.plain is None:
+                assert p.raw is not None  # stored whole: raw is the value
                 if old == p.raw:
                     continue
                 if old is not None:

@@ -10,8 +10,11 @@ reads never wait for a sync or a writer).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import copy
+import difflib
 import functools
+import inspect
 import os
 import random
 import time
@@ -19,6 +22,7 @@ from collections.abc import (
     AsyncIterator,
     Callable,
     Collection,
+    Generator,
     Iterable,
     Iterator,
     Mapping,
@@ -47,11 +51,9 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
-    DeltaChannelHistory,
     PendingWrite,
     SerializerProtocol,
     get_checkpoint_metadata,
-    writes_sort_key,
 )
 
 from . import compression as C
@@ -61,6 +63,7 @@ from . import schema as S
 from . import stats as ST
 from . import threads as TH
 from . import upgrade as U
+from ._compat import HAS_DELTA_CHANNELS, DeltaChannelHistory, writes_sort_key
 
 __all__ = ["KVSaver"]
 
@@ -163,8 +166,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             ``sweep_interval_minutes`` in bounded steps, or by ``sweep()``.
         clock: seconds since the epoch for thread activity (default
             ``time.time``); inject one to test TTLs without waiting.
-        **store_options: passed to ``LMDBStore`` (e.g. ``map_size``); with a
-            PostgreSQL URL, the options of ``_POSTGRES_OPTIONS``.
+        **store_options: options of the backend's store, checked against
+            what that backend takes (``_BACKENDS``): for LMDB ``map_size``
+            and ``max_readers`` (``kv.LMDBStore``), for a PostgreSQL URL
+            those of ``_POSTGRES_OPTIONS``. A misspelled option, or
+            one the backend does not take (``durability=`` with
+            ``":memory:"``), raises ``TypeError`` naming it and the valid ones.
     """
 
     store: Store
@@ -176,8 +183,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         *,
         serde: SerializerProtocol | None = None,
         readonly: bool = False,
-        backend: Literal["lmdb", "file"] = "lmdb",
-        durability: Literal["full", "meta", "none"] = "full",
+        backend: str | None = None,
+        durability: Literal["full", "meta", "none"] | None = None,
         max_size: int | None = None,
         compress: bool = True,
         compress_threshold: int = C.DEFAULT_THRESHOLD,
@@ -185,6 +192,14 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         clock: Callable[[], float] | None = None,
         **store_options: Any,
     ) -> None:
+        # Store options given explicitly (None is each backend's default).
+        given = {
+            **({} if durability is None else {"durability": durability}),
+            **({} if max_size is None else {"max_size": max_size}),
+            **store_options,
+        }
+        # Checked before anything is opened or built: a bad option costs nothing.
+        self._backend = _choose_backend(path_or_store, backend, readonly, given)
         super().__init__(serde=serde)
         # Always wrapped, also with compress=False: values stored compressed
         # earlier must keep loading.
@@ -195,33 +210,54 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         self._owns_store = not isinstance(path_or_store, Store)
         if isinstance(path_or_store, Store):
             self.store = path_or_store
-        elif is_postgres_url(path_or_store):
-            self.store = _open_postgres(
-                str(path_or_store), readonly, durability, max_size, store_options
-            )
-        elif path_or_store == ":memory:":
-            self.store = MemoryStore(readonly=readonly)
-        elif backend == "file":
-            self.store = FileStore(path_or_store, readonly=readonly)
-        elif backend == "lmdb":
-            self.store = LMDBStore(
-                path_or_store,
-                readonly=readonly,
-                durability=durability,
-                max_size=max_size,
-                **store_options,
-            )
         else:
-            raise ValueError(f"unknown backend {backend!r}; choose 'lmdb' or 'file'")
-        # Reads that never wait on a disk sync or a writer (a memory-mapped
-        # LMDB file, memory): aget_tuple runs them on the event loop itself.
-        self._inline_reads = isinstance(self.store, (LMDBStore, MemoryStore))
+            assert self._backend is not None  # None only for a given Store
+            self.store = _BACKENDS[self._backend].open(path_or_store, readonly, given)
+        # Reads that never wait on a disk sync, a lock or a writer (a memory-
+        # mapped LMDB file, memory): aget_tuple runs them on the event loop.
+        self._inline_reads = isinstance(self.store, (LMDBStore, MemoryStore)) and not isinstance(
+            self.store, FileStore
+        )
         try:
             self._check_schema()
         except BaseException:
             if self._owns_store:
                 self.store.close()
             raise
+
+    @classmethod
+    def from_conn_string(cls, conn_string: str | os.PathLike[str], **options: Any) -> _Opening:
+        """Open a KVSaver for a ``with`` or ``async with`` block and close it
+        at the end, as ``SqliteSaver.from_conn_string`` and
+        ``AsyncSqliteSaver.from_conn_string`` do::
+
+            with KVSaver.from_conn_string("./state") as saver: ...
+            async with KVSaver.from_conn_string("./state") as saver: ...
+
+        ``conn_string`` is what ``KVSaver()`` takes (a directory,
+        ``":memory:"``, a file with ``backend="file"``); ``options`` are
+        KVSaver's keyword options. ``async with`` opens and closes the store
+        in a worker thread."""
+        return _Opening(functools.partial(cls, conn_string, **options))
+
+    def setup(self) -> _Done:
+        """Nothing to set up: the store is ready when KVSaver opens it (its
+        schema record is written then). Here, as in SqliteSaver and
+        PostgresSaver, so code that calls it runs unchanged; idempotent.
+        Returns an already finished awaitable, so ``await saver.setup()``
+        (AsyncSqliteSaver and AsyncPostgresSaver code) works too."""
+        self._check_schema()
+        return _DONE
+
+    async def asetup(self) -> None:
+        """Async ``setup()``: nothing to set up, idempotent."""
+        await self._run(self.setup)
+
+    def __repr__(self) -> str:
+        if not self._owns_store:
+            return f"KVSaver({self.store!r})"
+        path = getattr(self.store, "path", ":memory:")
+        return f"KVSaver({path!r}, backend={self._backend!r}, readonly={self.store.readonly})"
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -368,7 +404,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         filter: dict[str, Any] | None = None,
         before: RunnableConfig | None = None,
         limit: int | None = None,
-    ) -> Iterator[list[CheckpointTuple]]:
+    ) -> Iterator[builtins.list[CheckpointTuple]]:  # builtins: ``list`` is a method here
         if limit is not None and limit <= 0:
             return
         if filter is not None and not isinstance(filter, Mapping):
@@ -491,7 +527,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         starts, so a value the serializer rejects leaves the store untouched."""
         thread, ns, conf = _thread_ns(config, "put")
         dumps = self.serde.dumps_typed
-        cp = dict(checkpoint)
+        cp: dict[str, Any] = dict(checkpoint)
         values: dict[str, Any] = cp.pop("channel_values", None) or {}
         checkpoint_id = _id(cp["id"], "put: checkpoint['id']")
         # Lists as plain msgpack: stored as deltas where they extend (issue #15).
@@ -773,6 +809,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
+        """Async ``list``: the same chunks, each read in a worker thread."""
         chunks = self._list_chunks(config, filter=filter, before=before, limit=limit)
         while True:
             chunk = await self._run(next, chunks, None)
@@ -788,6 +825,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
+        """Async ``put``."""
         return await self._run(self.put, config, checkpoint, metadata, new_versions)
 
     async def aput_writes(
@@ -797,18 +835,23 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         task_id: str,
         task_path: str = "",
     ) -> None:
+        """Async ``put_writes``."""
         await self._run(self.put_writes, config, writes, task_id, task_path)
 
     async def adelete_thread(self, thread_id: str) -> None:
+        """Async ``delete_thread``."""
         await self._run(self.delete_thread, thread_id)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Async ``delete_for_runs``."""
         await self._run(self.delete_for_runs, run_ids)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Async ``copy_thread``."""
         await self._run(self.copy_thread, source_thread_id, target_thread_id)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Async ``prune``."""
         await self._run(self.prune, thread_ids, strategy=strategy)
 
     async def asweep(
@@ -818,14 +861,17 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         full: bool = True,
         progress: Callable[[int, int | None], None] | None = None,
     ) -> R.SweepReport:
+        """Async ``sweep``."""
         return await self._run(self.sweep, retention, full=full, progress=progress)
 
     async def astats(self) -> ST.StoreStats:
+        """Async ``stats``."""
         return await self._run(self.stats)
 
     async def aget_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]
     ) -> Mapping[str, DeltaChannelHistory]:
+        """Async ``get_delta_channel_history``."""
         return await self._run(self.get_delta_channel_history, config=config, channels=channels)
 
 
@@ -845,21 +891,160 @@ _POSTGRES_OPTIONS = {
 }
 
 
-def _open_postgres(
-    url: str, readonly: bool, durability: str, max_size: int | None, options: dict[str, Any]
-) -> Store:
-    unknown = sorted(set(options) - set(_POSTGRES_OPTIONS))
-    if unknown or max_size is not None or durability != "full":
-        bad = unknown + (["max_size"] if max_size is not None else [])
-        bad += ["durability"] if durability != "full" else []
-        raise TypeError(
-            f"KVSaver(postgresql://...): unknown option(s) {', '.join(bad)}; a PostgreSQL "
-            f"store takes {', '.join(sorted(_POSTGRES_OPTIONS))} (the pool size is "
-            "pool_max_size; durability is the server's)"
-        )
+def _open_postgres(url: str, *, readonly: bool = False, **options: Any) -> Store:
+    # Options were checked against _POSTGRES_OPTIONS by _choose_backend.
     return PostgresStore(
         url, readonly=readonly, **{_POSTGRES_OPTIONS[k]: v for k, v in options.items()}
     )
+
+
+if not HAS_DELTA_CHANNELS:
+    # langgraph-checkpoint < 4.1 has no DeltaChannel and no saver there has
+    # these methods; KVSaver has them exactly where LangGraph can call them.
+    del KVSaver.get_delta_channel_history, KVSaver.aget_delta_channel_history
+
+
+# -- backends and their options -------------------------------------------------
+
+
+class _Backend:
+    """A store KVSaver can open: its options are its constructor's keyword
+    parameters (besides ``readonly``), so a backend declares them by taking
+    them, and KVSaver refuses any other before opening anything."""
+
+    def __init__(
+        self,
+        factory: Callable[..., Store],
+        options: Collection[str] | None = None,
+        *,
+        takes_path: bool = True,
+    ) -> None:
+        self.factory = factory
+        self.takes_path = takes_path
+        if options is None:
+            params = inspect.signature(factory).parameters.values()
+            options = [p.name for p in params if p.kind is p.KEYWORD_ONLY]
+        self.options = frozenset(options) - {"readonly"}
+
+    def open(
+        self, path: str | os.PathLike[str], readonly: bool, options: Mapping[str, Any]
+    ) -> Store:
+        if self.takes_path:
+            return self.factory(path, readonly=readonly, **options)
+        return self.factory(readonly=readonly, **options)
+
+
+# What KVSaver(path) opens: ":memory:" -> "memory", else ``backend=`` (default
+# "lmdb"). A new backend is one entry here (and its constructor's options).
+_BACKENDS: dict[str, _Backend] = {
+    "lmdb": _Backend(LMDBStore),
+    "file": _Backend(FileStore),
+    "memory": _Backend(MemoryStore, takes_path=False),
+    "postgres": _Backend(lambda url, **kw: _open_postgres(str(url), **kw), _POSTGRES_OPTIONS),
+}
+# KVSaver's own keyword options, for the "did you mean" of a misspelled one.
+_SAVER_OPTIONS = (
+    *("serde", "readonly", "backend", "compress", "compress_threshold"),
+    *("retention", "clock"),
+)
+
+
+def _choose_backend(
+    path_or_store: Any, backend: str | None, readonly: bool, options: Mapping[str, Any]
+) -> str | None:
+    """The backend KVSaver(path_or_store, ...) opens (None: a Store given),
+    after checking every store option against it."""
+    if isinstance(path_or_store, Store):
+        if backend is not None or options:
+            given = ", ".join(sorted({*options, *(["backend"] if backend else [])}))
+            raise TypeError(
+                f"KVSaver(store): {given} apply only when KVSaver opens the store itself; "
+                "pass them to the store's constructor instead"
+            )
+        return None
+    if is_postgres_url(path_or_store):
+        if backend is not None:
+            raise ValueError("a PostgreSQL URL is the postgres backend; pass no backend=")
+        chosen = "postgres"
+    elif path_or_store == ":memory:":
+        if backend not in (None, "memory"):
+            raise ValueError(f"':memory:' is the in-memory store; backend={backend!r} needs a path")
+        chosen = "memory"
+    else:
+        chosen = "lmdb" if backend is None else backend
+        if chosen not in _BACKENDS or chosen in ("memory", "postgres"):
+            raise ValueError(
+                f"unknown backend {backend!r}; choose 'lmdb' or 'file' "
+                "(':memory:' as the path is the in-memory store)"
+            )
+    valid = _BACKENDS[chosen].options
+    for name in options:
+        if name in valid:
+            continue
+        owners = sorted(b for b, spec in _BACKENDS.items() if name in spec.options)
+        where = {"memory": "':memory:'", "postgres": "a PostgreSQL URL"}.get(
+            chosen, f"backend={chosen!r}"
+        )
+        if owners:
+            theirs = (
+                f"its store options are {', '.join(sorted(valid))}"
+                if valid
+                else "it takes no store options"
+            )
+            raise TypeError(
+                f"KVSaver option {name!r} applies only to the {' and '.join(owners)} "
+                f"backend, not to {where}: {theirs}"
+            )
+        known = sorted({*_SAVER_OPTIONS, *valid})
+        close = difflib.get_close_matches(name, [*known, *_all_store_options()], n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else "."
+        raise TypeError(
+            f"KVSaver got an unexpected keyword argument {name!r}{hint} "
+            f"Valid options for {where}: {', '.join(known)}"
+        )
+    return chosen
+
+
+def _all_store_options() -> list[str]:
+    return sorted({name for spec in _BACKENDS.values() for name in spec.options})
+
+
+class _Done:
+    """What ``setup()`` returns: nothing to wait for, but awaitable."""
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield
+
+
+_DONE = _Done()
+
+
+class _Opening(AbstractContextManager, AbstractAsyncContextManager):
+    """What ``KVSaver.from_conn_string`` returns: a saver opened on entering a
+    ``with`` or ``async with`` block and closed on leaving it."""
+
+    def __init__(self, open_saver: Callable[[], KVSaver]) -> None:
+        self._open = open_saver
+        self._saver: KVSaver | None = None
+
+    def __enter__(self) -> KVSaver:
+        self._saver = self._open()
+        return self._saver
+
+    def __exit__(self, *exc: object) -> None:
+        if self._saver is not None:
+            self._saver.close()
+            self._saver = None
+
+    async def __aenter__(self) -> KVSaver:
+        self._saver = await asyncio.to_thread(self._open)
+        return self._saver
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._saver is not None:
+            saver, self._saver = self._saver, None
+            await asyncio.to_thread(saver.close)
 
 
 # -- list helpers ---------------------------------------------------------------

@@ -73,7 +73,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ormsgpack
 from kvsaver.kv import KVError
@@ -91,6 +91,9 @@ from . import delta as D
 from . import schema as S
 from .compression import CompressingSerializer
 from .kvsaver import KVSaver
+
+if TYPE_CHECKING:
+    from langgraph.checkpoint.sqlite import SqliteSaver
 
 __all__ = [
     "MigrationError",
@@ -447,7 +450,7 @@ class _Source:
 
 def open_sqlite_saver(
     path: str | os.PathLike[str], *, serde: SerializerProtocol | None = None
-) -> BaseCheckpointSaver[str]:
+) -> SqliteSaver:
     """A real ``SqliteSaver`` on ``path`` opened read-only (``mode=ro``).
 
     ``SqliteSaver.setup()`` writes (``PRAGMA journal_mode=WAL``, ``CREATE
@@ -1049,7 +1052,7 @@ def _copy_all(
             parent = (
                 tup.parent_config["configurable"]["checkpoint_id"] if tup.parent_config else None
             )
-            checkpoint = dict(tup.checkpoint)
+            checkpoint: dict[str, Any] = dict(tup.checkpoint)
             checkpoint["channel_values"] = dict(checkpoint.get("channel_values") or {})
             dest.put(
                 _cfg(thread, ns, parent),
@@ -1214,8 +1217,8 @@ def verify(
         if latest_id is not None:
             latest = config if exact else _cfg(thread, ns, latest_id)
             label = "get_tuple()" if exact else f"get_tuple({latest_id!r})"
-            a, b = source.get_tuple(latest), dest.get_tuple(latest)
-            if (d := _diff_tuple(a, b, f"{where}: {label}", writes_order)) is not None:
+            got_a, got_b = source.get_tuple(latest), dest.get_tuple(latest)
+            if (d := _diff_tuple(got_a, got_b, f"{where}: {label}", writes_order)) is not None:
                 raise VerificationError(d)
         if progress is not None:
             progress("verify", compared, max(total, compared))

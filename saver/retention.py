@@ -356,7 +356,7 @@ def _step(saver: KVSaver, r: Retention, p: _Pass, budget: int) -> bool:
     """Handle up to ``budget`` threads; True when the pass is done."""
     if p.full:
         with saver.store.read() as txn:
-            threads = next(_thread_chunks(saver, txn, p.cursor, budget), [])
+            threads: list[str] = next(_thread_chunks(saver, txn, p.cursor, budget), [])
         for thread in threads:
             _handle(saver, r, p, thread, ttl=r.ttl_minutes is not None, keep=r.keep_last)
         if len(threads) < budget:

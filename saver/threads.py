@@ -37,7 +37,7 @@ def versions(serde: SerializerProtocol, rec: S.CheckpointRecord) -> dict[str, An
 
 def namespaces(txn: Any, thread: str) -> list[str]:
     """Distinct namespaces of a thread, by skipping from one to the next."""
-    out = []
+    out: list[str] = []
     start, stop = S.checkpoints_range(thread)
     while True:
         first = next(iter(txn.scan(start, stop, limit=1)), None)
@@ -97,7 +97,7 @@ def used_blobs(txn: Any, serde: SerializerProtocol, thread: str) -> set[bytes]:
 def gc_blobs(txn: Any, serde: SerializerProtocol, thread: str, ns: str) -> None:
     """Delete the blobs of (thread, ns) that no remaining checkpoint uses,
     nor any delta chain of a blob that one uses (issue #15)."""
-    referenced = set()
+    referenced: set[bytes] = set()
     for _, raw in txn.scan(*S.checkpoints_range(thread, ns)):
         vs = versions(serde, S.decode_checkpoint(raw))
         referenced.update(key for _, key in S.blob_keys(thread, ns, vs))

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up a virtualenv with the test extra and run the whole test suite.
+# Set up a virtualenv with the test extra, lint and type-check, and run the
+# whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${KVSAVER_VENV:-.venv}"
@@ -9,4 +10,21 @@ fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q -e ".[test]"
 "$VENV/bin/python" -m ruff check kv saver tools tests bench
+
+# mypy on the installed names (kvsaver = saver/, kvsaver.kv = kv/, kvsaver.tools
+# = tools/), laid out as links in a temporary directory: mypy cannot map a
+# directory to another package name. lmdb is read as untyped (a stub of Any):
+# 1.x ships no types, and 2.x+ stubs type every key and value as
+# bytes | memoryview (for buffers=True, which LMDBStore never uses).
+TREE="$(mktemp -d)"
+trap 'rm -rf "$TREE"' EXIT
+mkdir "$TREE/kvsaver" "$TREE/stubs"
+ln -s "$PWD"/saver/* "$TREE/kvsaver/"
+ln -s "$PWD/kv" "$TREE/kvsaver/kv"
+ln -s "$PWD/tools" "$TREE/kvsaver/tools"
+printf 'from typing import Any\n\ndef __getattr__(name: str) -> Any: ...\n' > "$TREE/stubs/lmdb.pyi"
+PY="$(cd "$VENV/bin" && pwd)/python"
+(cd "$TREE" && MYPYPATH="$TREE/stubs" "$PY" -m mypy \
+    --config-file "$OLDPWD/pyproject.toml" --cache-dir "$OLDPWD/.mypy_cache" -p kvsaver)
+
 "$VENV/bin/python" -m pytest -q "$@"

@@ -425,7 +425,7 @@ def show_command(
         return
     out = Out(full)
     head = _tuple_head(t)
-    meta = t.metadata or {}
+    meta: dict[str, Any] = dict(t.metadata or {})
     out.line(f"thread      {head['thread_id']}")
     if head["checkpoint_ns"]:
         out.line(f"namespace   {head['checkpoint_ns']}")

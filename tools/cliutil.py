@@ -28,7 +28,8 @@ class Fail(click.ClickException):
 
     def __init__(self, message: str, code: int = 2) -> None:
         super().__init__(message)
-        self.exit_code = code
+        # click declares exit_code a ClassVar, yet reads it from the instance.
+        self.exit_code = code  # type: ignore[misc]
 
     def show(self, file: Any = None) -> None:
         click.echo(f"error: {self.format_message()}", err=True)

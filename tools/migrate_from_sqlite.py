@@ -176,8 +176,8 @@ def summary(stats: MigrationStats, dest_before: int, dest_after: int) -> str:
 @click.option(
     "--durability",
     type=click.Choice(["full", "meta", "none"]),
-    default="full",
-    help="the destination's LMDB durability (default: full)",
+    default=None,
+    help="the destination's LMDB durability (default: full; an LMDB option only)",
 )
 @click.option("--quiet", is_flag=True, help="no progress output")
 @click.option("--json", "as_json", is_flag=True, help="the summary as one JSON document")
@@ -188,7 +188,7 @@ def migrate_command(
     merge: bool,
     dry_run: bool,
     batch_size: int,
-    durability: str,
+    durability: str | None,
     quiet: bool,
     as_json: bool,
 ) -> int:
@@ -216,7 +216,8 @@ def migrate_command(
             verify=verify,
             batch_size=batch_size,
             progress=progress,
-            dest_options={"durability": durability},
+            # Only when given: KVSaver refuses LMDB options for other backends.
+            dest_options={} if durability is None else {"durability": durability},
         )
     except VerificationError as e:
         if progress is not None:

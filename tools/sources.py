@@ -208,7 +208,7 @@ class Source:
         raise Fail(f"no checkpoint {checkpoint_id!r} in thread {thread!r}{where}")
 
     def has_thread(self, thread: str) -> bool:
-        conf = {"configurable": {"thread_id": thread}}
+        conf: Any = {"configurable": {"thread_id": thread}}  # a RunnableConfig
         return next(iter(self.saver.list(conf, limit=1)), None) is not None
 
     def ids_starting(self, thread: str, ns: str | None, prefix: str) -> Iterator[str]:
