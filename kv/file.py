@@ -63,6 +63,8 @@ _HEADER = struct.Struct(">8sIIQ")
 class FileStore(MemoryStore):
     """A sorted store kept in memory and persisted atomically to ``path``."""
 
+    nonblocking_reads = False  # a read may re-read the file another process replaced
+
     def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False) -> None:
         super().__init__(readonly=readonly)
         self.path = os.path.abspath(os.fspath(path))

@@ -600,6 +600,7 @@ class _Env:
 
     def begin_read(self) -> lmdb.Transaction:
         """``begin(write=False)``, its common case first: every read comes here."""
+        txn = None
         try:
             txn = self.env.begin(buffers=False)
             if self.env.info()["last_txnid"] <= txn.id():
@@ -608,6 +609,12 @@ class _Env:
             return self._settled(txn)
         except (lmdb.MapResizedError, lmdb.ReadersFullError):
             return self.begin(write=False)  # adopts the growth, clears dead readers
+        except BaseException:
+            # An interrupt between begin and return: end the transaction now, or
+            # its reader slot pins old pages until the traceback is collected.
+            if txn is not None:
+                txn.abort()
+            raise
 
     def _ready(self, txn: lmdb.Transaction, write: bool) -> lmdb.Transaction:
         if not write:
@@ -975,6 +982,8 @@ class LMDBStore:
         max_readers: reader slots (simultaneous read transactions across all
             processes); only the first opener of a directory sets it.
     """
+
+    nonblocking_reads = True  # reads are memory-map reads (see kv.store)
 
     def __init__(
         self,

@@ -160,6 +160,8 @@ class _MemTxn:
 class MemoryStore:
     """A sorted in-memory ``Store``. Nothing survives the process."""
 
+    nonblocking_reads = True  # see kv.store
+
     def __init__(self, *, readonly: bool = False) -> None:
         self.readonly = readonly
         self._current = _Version(SortedDict())

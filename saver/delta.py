@@ -74,7 +74,7 @@ import hashlib
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import ormsgpack
@@ -567,6 +567,23 @@ class _Pairs:
 
     def get(self, key: bytes) -> bytes | None:
         return self.items.get(key)
+
+    def scan(
+        self,
+        start: bytes | None = None,
+        stop: bytes | None = None,
+        *,
+        reverse: bool = False,
+        limit: int | None = None,
+    ) -> Iterator[tuple[bytes, bytes]]:
+        """``Txn.scan`` over the dict (``resolve`` fetches a chain's pieces so)."""
+        keys = sorted(
+            k for k in self.items if (start is None or k >= start) and (stop is None or k < stop)
+        )
+        if reverse:
+            keys.reverse()
+        for key in keys[:limit]:
+            yield key, self.items[key]
 
 
 def chain_closure(blobs: Iterable[tuple[bytes, bytes]], referenced: set[bytes]) -> set[bytes]:

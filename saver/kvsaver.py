@@ -215,9 +215,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             self.store = _BACKENDS[self._backend].open(path_or_store, readonly, given)
         # Reads that never wait on a disk sync, a lock or a writer (a memory-
         # mapped LMDB file, memory): aget_tuple runs them on the event loop.
-        self._inline_reads = isinstance(self.store, (LMDBStore, MemoryStore)) and not isinstance(
-            self.store, FileStore
-        )
+        self._inline_reads = bool(getattr(self.store, "nonblocking_reads", False))
         try:
             self._check_schema()
         except BaseException:

@@ -78,6 +78,7 @@ from typing import TYPE_CHECKING, Any
 import ormsgpack
 from kvsaver.kv import KVError
 from kvsaver.kv.keys import prefix_range
+from kvsaver.kv.postgres import is_postgres_url
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -566,6 +567,8 @@ def _open_dest(
     path = os.fspath(dest)
     try:
         if dry_run:
+            if is_postgres_url(path):
+                return KVSaver(path, readonly=True, **options), True
             if not os.path.exists(path) or (os.path.isdir(path) and not os.listdir(path)):
                 return None, False
             return KVSaver(path, readonly=True, **options), True

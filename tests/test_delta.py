@@ -518,3 +518,19 @@ def test_compaction_keeps_chains(tmp_path: Any) -> None:
         _chat(saver, "t", 2, start=10, parent=want[0]["id"])
         msgs = saver.get_tuple(_cfg("t")).checkpoint["channel_values"]["messages"]
         assert [m.id for m in msgs] == [f"m{i}" for i in range(12)]
+
+
+def test_a_chain_resolves_over_a_copys_source_records() -> None:
+    """copy_thread plans from a dict of the source's records (``_Pairs``);
+    reading a chain there takes the same reverse scan as over a store (a
+    merge once left ``_Pairs`` without ``scan``: AttributeError in copies)."""
+    saver = KVSaver(":memory:")
+    _chat(saver, "t", 6)
+    records = _records(saver, "t")
+    top, raw = max((k, v) for k, v in records.items() if D.is_delta(v) and D.decode(v).depth > 1)
+    fresh = D.Codec(saver.serde)  # no cache: the whole chain is read
+    over_dict = fresh.resolve(D._Pairs(records), top, raw)
+    with saver.store.read() as txn:
+        over_store = D.Codec(saver.serde).resolve(txn, top, raw)
+    assert over_dict is not None and over_store is not None
+    assert over_dict.plain == over_store.plain
