@@ -244,7 +244,8 @@ def test_aget_tuple_reads_on_the_loop_only_where_reads_cannot_block(
 ) -> None:
     """Issue #13: LMDB and memory reads never wait for a sync or a writer, so
     aget_tuple serves them on the event loop (no hop to a worker thread and
-    back); any other store's reads still go to a worker thread."""
+    back); a store that does not declare ``nonblocking_reads`` is read in a
+    worker thread."""
     from kvsaver.kv import LMDBStore, MemoryStore
 
     def make() -> Any:
@@ -265,7 +266,10 @@ def test_aget_tuple_reads_on_the_loop_only_where_reads_cannot_block(
     loop_thread, threads = asyncio.run(main(saver, recording))
     assert threads == [loop_thread]
 
-    other = KVSaver(_ThreadRecordingStore(make()))  # an unknown Store: a worker thread
+    # A store that does not declare nonblocking_reads (kv.store): a worker thread.
+    undeclared = _ThreadRecordingStore(make())
+    undeclared.nonblocking_reads = False  # the wrapper would forward the inner store's
+    other = KVSaver(undeclared)
     loop_thread, threads = asyncio.run(main(other, other.store))
     assert threads and loop_thread not in threads
     inner.close()
