@@ -131,7 +131,11 @@ class _SharedExclusive:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # An RLock, not a Lock: Condition.wait() reacquires an RLock in C
+        # (RLock._acquire_restore), where a Lock is reacquired by a Python
+        # method into which an interrupt can land before it takes the lock,
+        # leaving ``with`` to release a lock nobody holds (RuntimeError).
+        self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._shared = 0
         self._exclusive = False
@@ -251,7 +255,7 @@ class _Env:
         self.noop_txnid = -1  # see commit_noop()
         self.over_cap = False  # a delete-only transaction is using the reserve
         self.headroom_skips = 0  # see ensure_headroom()
-        self.queue_lock = threading.Lock()
+        self.queue_lock = threading.RLock()  # an RLock: see _SharedExclusive
         self.queue: list[_Request] = []
         # Group commit (transact()): the request whose thread commits batches
         # now, and the batch it took. Both change only under queue_lock.
@@ -751,7 +755,7 @@ def _after_fork_child() -> None:
         # Locks may have been held by parent threads that do not exist here.
         env.write_lock = threading.Lock()
         env.writer = None
-        env.queue_lock = threading.Lock()
+        env.queue_lock = threading.RLock()
         env.arrived = threading.Condition(env.queue_lock)
         env.queue = []
         env.leader = None
