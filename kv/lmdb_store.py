@@ -126,17 +126,14 @@ class _SharedExclusive:
     between, so an exception raised asynchronously (KeyboardInterrupt from a
     signal handler) cannot separate the two; ``restore()`` then puts a
     thread's holds back to what they were, whatever point it was interrupted
-    at. Waits re-check their condition every ``_POLL_SECONDS``, so a
-    notification lost to an interrupt delays a waiter instead of hanging it.
+    at. Waits sleep with the lock released and look again every
+    ``_GATE_POLL_SECONDS``: no Condition.wait, which releases and retakes the
+    lock inside ``with``, where an interrupt landing in between left ``with``
+    releasing a lock nobody held (seen in CI).
     """
 
     def __init__(self) -> None:
-        # An RLock, not a Lock: Condition.wait() reacquires an RLock in C
-        # (RLock._acquire_restore), where a Lock is reacquired by a Python
-        # method into which an interrupt can land before it takes the lock,
-        # leaving ``with`` to release a lock nobody holds (RuntimeError).
-        self._lock = threading.RLock()
-        self._cond = threading.Condition(self._lock)
+        self._lock = threading.Lock()
         self._shared = 0
         self._exclusive = False
         self._owner: tuple[int, int] | None = None  # (thread, serial) holding it exclusively
@@ -151,57 +148,56 @@ class _SharedExclusive:
     # exclusive request anywhere) takes the plain lock once and nothing else.
     def acquire_shared(self) -> None:
         mine = self._mine
-        with self._lock:
-            held = getattr(mine, "n", 0)
-            # A thread already holding it shared must not wait behind a
-            # pending exclusive request (it would wait for itself).
-            while self._exclusive or (self._waiting_exclusive and not held):
-                self._cond.wait(_POLL_SECONDS)
-            self._shared += 1
-            mine.n = held + 1
+        while True:
+            with self._lock:
+                held = getattr(mine, "n", 0)
+                # A thread already holding it shared must not wait behind a
+                # pending exclusive request (it would wait for itself).
+                if not (self._exclusive or (self._waiting_exclusive and not held)):
+                    self._shared += 1
+                    mine.n = held + 1
+                    return
+            # Waits sleep with the lock released, never Condition.wait (it
+            # releases and retakes the lock inside ``with``: an interrupt in
+            # between left ``with`` releasing a lock nobody held; seen in CI).
+            time.sleep(_GATE_POLL_SECONDS)
 
     def release_shared(self) -> None:
         mine = self._mine
         with self._lock:
             self._shared -= 1
             mine.n -= 1
-            # notify_all() costs a lock probe even with nobody waiting: only
-            # an exclusive request (growth, fork) waits for readers to drain.
-            if self._shared == 0 and self._waiting_exclusive:
-                self._cond.notify_all()
 
     def acquire_exclusive(self, timeout: float | None = None) -> tuple[int, int] | None:
         """Wait until no transaction of this process is open; the owner token
         (for release_exclusive), or None on timeout."""
         me = threading.get_ident()
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            self._waiting_exclusive += 1
-            try:
-                while self._exclusive or self._shared:
-                    left = _POLL_SECONDS
-                    if deadline is not None:
-                        left = min(left, deadline - time.monotonic())
-                        if left <= 0:
-                            break
-                    self._cond.wait(left)
-                owner = None
-                if not (self._exclusive or self._shared):
-                    self._serial += 1
-                    owner = self._owner = (me, self._serial)
-                    self._exclusive = True
-            finally:
-                self._waiting_exclusive -= 1
-            if owner is None:
-                self._cond.notify_all()
-            return owner
+        counted = False
+        try:
+            with self._lock:
+                self._waiting_exclusive += 1
+                counted = True  # no call in between: an interrupt cannot separate them
+            while True:
+                with self._lock:
+                    if not (self._exclusive or self._shared):
+                        self._serial += 1
+                        owner = self._owner = (me, self._serial)
+                        self._exclusive = True
+                        return owner
+                    if deadline is not None and time.monotonic() >= deadline:
+                        return None
+                time.sleep(_GATE_POLL_SECONDS)  # see acquire_shared
+        finally:
+            if counted:
+                with self._lock:
+                    self._waiting_exclusive -= 1
 
     def release_exclusive(self, owner: tuple[int, int] | None) -> None:
         with self._lock:
             if owner is not None and self._owner == owner:  # not one restore() gave back
                 self._exclusive = False
                 self._owner = None
-            self._cond.notify_all()
 
     def restore(self, held: int) -> None:
         """Give back whatever this thread took beyond ``held`` shared holds
@@ -215,7 +211,6 @@ class _SharedExclusive:
             if self._owner is not None and self._owner[0] == me:
                 self._exclusive = False
                 self._owner = None
-            self._cond.notify_all()
 
     @contextmanager
     def exclusive(self) -> Iterator[None]:
@@ -255,13 +250,12 @@ class _Env:
         self.noop_txnid = -1  # see commit_noop()
         self.over_cap = False  # a delete-only transaction is using the reserve
         self.headroom_skips = 0  # see ensure_headroom()
-        self.queue_lock = threading.RLock()  # an RLock: see _SharedExclusive
+        self.queue_lock = threading.Lock()
         self.queue: list[_Request] = []
         # Group commit (transact()): the request whose thread commits batches
         # now, and the batch it took. Both change only under queue_lock.
         self.leader: _Request | None = None
         self.batch: list[_Request] = []
-        self.arrived = threading.Condition(self.queue_lock)  # see gather()
         self.batch_sizes = (1, 1)  # the last two batches
         self.commit_seconds = 0.0  # how long the last batch took
         self.gate = _SharedExclusive()
@@ -351,16 +345,23 @@ class _Env:
         commit alone and the rest queue behind it, so batches alternate
         between one and all-but-one. Wait until as many requests as the
         larger of the last two batches are queued, for at most half a commit
-        (and _GATHER_MAX_SECONDS). A lone writer never waits."""
+        (and _GATHER_MAX_SECONDS). A lone writer never waits.
+
+        The wait polls with the lock released (a sleep, then a look under
+        ``with``), not with Condition.wait: that releases and retakes its lock
+        inside the caller's ``with`` block, and an interrupt landing between
+        the two (seen in CI) left ``with`` releasing a lock nobody held."""
         with self.queue_lock:
             expect = max(self.batch_sizes)
-            if expect > 1 and len(self.queue) < expect:
-                deadline = time.monotonic() + min(_GATHER_MAX_SECONDS, self.commit_seconds / 2)
-                while len(self.queue) < expect:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
+            short = expect > 1 and len(self.queue) < expect
+        if short:
+            deadline = time.monotonic() + min(_GATHER_MAX_SECONDS, self.commit_seconds / 2)
+            while (left := deadline - time.monotonic()) > 0:
+                time.sleep(min(left, _GATHER_POLL_SECONDS))
+                with self.queue_lock:
+                    if len(self.queue) >= expect:
                         break
-                    self.arrived.wait(left)
+        with self.queue_lock:
             batch, self.queue = self.queue, []
             self.batch = batch  # with the line above: no call in between
         self.batch_sizes = (self.batch_sizes[1], len(batch))
@@ -660,6 +661,8 @@ _POLL_SECONDS = 0.05  # waits re-check their condition (a wake-up may be lost to
 _ZERO_MIN = 256 << 10  # a small store stays small on disk
 _ZERO_MAX = 8 << 20
 _GATHER_MAX_SECONDS = 0.002
+_GATHER_POLL_SECONDS = 0.00005
+_GATE_POLL_SECONDS = 0.0005
 _HEADROOM_SKIPS = 15
 _READER_CHECK_GROWTH = 1 << 20
 
@@ -755,8 +758,7 @@ def _after_fork_child() -> None:
         # Locks may have been held by parent threads that do not exist here.
         env.write_lock = threading.Lock()
         env.writer = None
-        env.queue_lock = threading.RLock()
-        env.arrived = threading.Condition(env.queue_lock)
+        env.queue_lock = threading.Lock()
         env.queue = []
         env.leader = None
         env.batch = []
@@ -1145,7 +1147,6 @@ class LMDBStore:
             env.queue.append(req)
             if env.leader is None:
                 env.leader = req
-            env.arrived.notify()  # a gathering leader counts arrivals
         if env.leader is not req:
             # Until a leader has done our function, or made us lead.
             while not req.wake.acquire(timeout=_POLL_SECONDS):

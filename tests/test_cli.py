@@ -582,8 +582,8 @@ def test_errors(stores: dict[str, str], tmp_path: Any) -> None:
     assert "no such file or directory" in fail("threads", str(tmp_path / "missing"))
     assert "without data.mdb" in fail("threads", str(tmp_path / "empty"))
     assert "not a SqliteSaver one" in fail("threads", str(tmp_path / "other.db"))
-    assert "PostgreSQL" in fail("threads", "postgresql://me:secret@db.example/app")
-    assert "secret" not in fail("threads", "postgresql://me:secret@db.example/app")
+    assert "PostgreSQL" in fail("threads", "postgresql://me:secret@127.0.0.1:9/app")
+    assert "secret" not in fail("threads", "postgresql://me:secret@127.0.0.1:9/app")
     # Bad arguments.
     assert "--limit" in fail("history", path, "chat", "--limit", "0")
     assert "--bogus" in fail("threads", path, "--bogus")

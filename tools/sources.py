@@ -465,6 +465,9 @@ def _open_kv(store: str, serde: SerializerProtocol, *, url: bool = False, **kw: 
                 f"{_redact(store)}: this version of kvsaver has no PostgreSQL backend "
                 "(it reads LMDB directories, FileStore files and SqliteSaver files)"
             )
+        # A person waits at the prompt: a server that is not there is said in
+        # seconds, not after the pool's 30 s of retries.
+        kw = {"connect_timeout": 5, "pool_timeout": 5, **kw}
     try:
         return KVSaver(store, readonly=True, serde=serde, **kw)
     except (KVError, ValueError, OSError) as e:
