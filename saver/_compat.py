@@ -10,6 +10,10 @@ nowhere else:
   as no saver of those releases has, and LangGraph there never asks for them.
 - ``writes_sort_key`` (since 4.3.0): where it is missing, the local copy
   below, the same function.
+- strict msgpack decoding, ``JsonPlusSerializer(allowed_msgpack_modules=None)``
+  (since 4.0.1): ``strict_jsonplus()`` gives it where it exists; 4.0.0 has no
+  allowlist at all, so there it is LangGraph's one decoding
+  (``HAS_STRICT_MSGPACK`` is False; the README's Security section says so).
 """
 
 from __future__ import annotations
@@ -17,8 +21,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-__all__ = ["HAS_DELTA_CHANNELS", "DeltaChannelHistory", "writes_sort_key"]
+__all__ = [
+    "HAS_DELTA_CHANNELS",
+    "HAS_STRICT_MSGPACK",
+    "DeltaChannelHistory",
+    "strict_jsonplus",
+    "writes_sort_key",
+]
 
 # The beta DeltaChannel protocol: the saver walks the parent chain for the
 # channel (langgraph-checkpoint 4.1.0+, used by langgraph 1.2+).
@@ -47,3 +58,22 @@ else:
             execution applies a super-step's tasks in this order, so replayed
             writes must be sorted by it too."""
             return (task_path, task_id, idx)
+
+
+def strict_jsonplus() -> JsonPlusSerializer:
+    """LangGraph's serializer in strict msgpack mode (no class outside its
+    safe list is imported), where the installed release has that mode."""
+    if HAS_STRICT_MSGPACK:
+        return JsonPlusSerializer(allowed_msgpack_modules=None)
+    return JsonPlusSerializer()
+
+
+def _has_strict_msgpack() -> bool:
+    try:
+        JsonPlusSerializer(allowed_msgpack_modules=None)
+    except TypeError:  # langgraph-checkpoint 4.0.0
+        return False
+    return True
+
+
+HAS_STRICT_MSGPACK: bool = _has_strict_msgpack()

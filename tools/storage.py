@@ -48,10 +48,10 @@ from typing import Any
 
 import click
 from kvsaver import KVSaver, Retention
+from kvsaver._compat import strict_jsonplus
 from kvsaver.kv import KVError, PostgresStore
 from kvsaver.kv.lmdb_store import compact_lmdb
 from kvsaver.kv.postgres import is_postgres_url
-from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from .cliutil import Command, Fail, Group
 
@@ -94,7 +94,7 @@ def _open(args: argparse.Namespace, *, readonly: bool) -> KVSaver:
 
 
 def _serde(args: argparse.Namespace) -> Any:
-    serde = JsonPlusSerializer(allowed_msgpack_modules=None)  # strict: see the docstring
+    serde = strict_jsonplus()  # strict: see the docstring
     if getattr(args, "encrypted", False):
         from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 
