@@ -186,19 +186,10 @@ class CompressingSerializer(SerializerProtocol):
         return d
 
     def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
-        typ, data = self.serde.dumps_typed(obj)
-        if self.threshold is None or len(data) < self.threshold or typ.endswith(SUFFIX):
-            return typ, data
-        packed = self._compressor().compress(data)
-        if len(packed) > len(data) - (len(data) >> 4):
-            return typ, data  # saves less than 1/16: not worth a decompression
-        self._inflated.add(packed, data)  # the next read of this value is likely soon
-        return typ + SUFFIX, packed
+        return self.compress_typed(*self.serde.dumps_typed(obj))
 
     def loads_typed(self, data: tuple[str, bytes]) -> Any:
-        typ, raw = data
-        if typ.endswith(SUFFIX):
-            typ, raw = typ[: -len(SUFFIX)], self._inflate(raw)
+        typ, raw = self.decompress_typed(*data)
         try:
             return self.serde.loads_typed((typ, raw))
         except NotImplementedError as e:  # "Unknown serialization type"
@@ -209,8 +200,8 @@ class CompressingSerializer(SerializerProtocol):
     def compress_typed(
         self, typ: str, data: bytes, threshold: int | None = None
     ) -> tuple[str, bytes]:
-        """``dumps_typed``'s step after the inner serializer, for bytes made
-        already (``saver.delta`` serializes a value once, then compresses
+        """The step of ``dumps_typed`` after the inner serializer (its one
+        home), also for bytes made already (``saver.delta`` serializes a value once, then compresses
         either the whole of it or only its appended part, which may be worth
         compressing below the usual ``threshold``)."""
         if self.threshold is None or typ.endswith(SUFFIX):
@@ -219,12 +210,12 @@ class CompressingSerializer(SerializerProtocol):
             return typ, data
         packed = self._compressor().compress(data)
         if len(packed) > len(data) - (len(data) >> 4):
-            return typ, data
-        self._inflated.add(packed, data)
+            return typ, data  # saves less than 1/16: not worth a decompression
+        self._inflated.add(packed, data)  # the next read of this value is likely soon
         return typ + SUFFIX, packed
 
     def decompress_typed(self, typ: str, raw: bytes) -> tuple[str, bytes]:
-        """``loads_typed``'s step before the inner serializer."""
+        """The step of ``loads_typed`` before the inner serializer."""
         if not typ.endswith(SUFFIX):
             return typ, raw
         return typ[: -len(SUFFIX)], self._inflate(raw)
