@@ -69,29 +69,24 @@ def _run(main: Any, args: Any, prog_name: Any, standalone_mode: bool, extra: Any
     return code
 
 
-class Group(click.Group):
+class _ExitStatus:
+    """``main`` handles errors as described above (a mixin before click's
+    class, so ``super().main`` is click's)."""
+
+    def main(  # type: ignore[no-untyped-def]
+        self,
+        args: Any = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> int:
+        return _run(super().main, args, prog_name, standalone_mode, extra)  # type: ignore[misc]
+
+
+class Group(_ExitStatus, click.Group):  # type: ignore[misc]  # main returns the status
     """A click group whose ``main`` handles errors as described above."""
 
-    def main(  # type: ignore[override]
-        self,
-        args: Any = None,
-        prog_name: str | None = None,
-        complete_var: str | None = None,
-        standalone_mode: bool = True,
-        **extra: Any,
-    ) -> int:
-        return _run(super().main, args, prog_name, standalone_mode, extra)
 
-
-class Command(click.Command):
+class Command(_ExitStatus, click.Command):  # type: ignore[misc]  # main returns the status
     """A click command whose ``main`` handles errors as described above."""
-
-    def main(  # type: ignore[override]
-        self,
-        args: Any = None,
-        prog_name: str | None = None,
-        complete_var: str | None = None,
-        standalone_mode: bool = True,
-        **extra: Any,
-    ) -> int:
-        return _run(super().main, args, prog_name, standalone_mode, extra)
