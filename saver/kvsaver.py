@@ -562,7 +562,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             txn.put(ckey, record)
             for key in index:
                 txn.put(key, b"")
-            TH.touch(txn, thread, now)
+            TH.touch(txn, thread, now, known[akey])
 
         # transact(): concurrent puts share one commit and one sync.
         self.store.transact(write)
@@ -616,7 +616,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 if replace or key not in stored:
                     txn.put(key, value)
                     stored.add(key)  # a repeated key in one batch: the first wins
-            TH.touch(txn, thread, now)
+            TH.touch(txn, thread, now, present[-1])
 
         self.store.transact(write)
 

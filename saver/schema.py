@@ -191,7 +191,20 @@ def checkpoints_range(thread: str, ns: str | None = None) -> tuple[bytes, bytes]
 
 
 def blob_key(thread: str, ns: str, channel: str, version: str | int | float) -> bytes:
-    return pack((BLOB, k(thread), k(ns), k(channel), _ver(version)))
+    """``pack((BLOB, k(thread), k(ns), k(channel), _ver(version)))``, from the
+    memoized parts ``blob_keys`` uses (a put keys its channels' bases too)."""
+    return _thread_ns_prefix(BLOB, thread, ns) + _blob_suffix(channel, version)
+
+
+def _blob_suffix(ch: str, v: Any) -> bytes:
+    mark = (ch, type(v), v)  # 1 == 1.0 == True, but their encodings differ
+    suffix = _SUFFIX_CACHE.get(mark)
+    if suffix is None:
+        suffix = pack((k(ch), _ver(v)))
+        if len(_SUFFIX_CACHE) >= 16384:
+            _SUFFIX_CACHE.clear()
+        _SUFFIX_CACHE[mark] = suffix
+    return suffix
 
 
 def blob_keys(thread: str, ns: str, versions: Mapping[str, Any]) -> list[tuple[str, bytes]]:
@@ -199,17 +212,7 @@ def blob_keys(thread: str, ns: str, versions: Mapping[str, Any]) -> list[tuple[s
     (thread, ns) prefix is packed once (packing is concatenation, element by
     element), since every read of a checkpoint keys all its channels."""
     prefix = _thread_ns_prefix(BLOB, thread, ns)
-    out = []
-    for ch, v in versions.items():
-        mark = (ch, type(v), v)  # 1 == 1.0 == True, but their encodings differ
-        suffix = _SUFFIX_CACHE.get(mark)
-        if suffix is None:
-            suffix = pack((k(ch), _ver(v)))
-            if len(_SUFFIX_CACHE) >= 16384:
-                _SUFFIX_CACHE.clear()
-            _SUFFIX_CACHE[mark] = suffix
-        out.append((ch, prefix + suffix))
-    return out
+    return [(ch, prefix + _blob_suffix(ch, v)) for ch, v in versions.items()]
 
 
 # (channel, type, version) -> packed key elements: a thread's latest
@@ -253,8 +256,11 @@ def write_keys(
 ) -> list[bytes]:
     """``write_key`` of each idx of one task's batch: the shared elements are
     packed once (a packed tuple is its elements' encodings, concatenated)."""
-    prefix = pack((WRITE, k(thread), k(ns), k(checkpoint_id), k(task_id)))
-    return [prefix + pack((idx,)) for idx in idxs]
+    prefix = _thread_ns_prefix(WRITE, thread, ns) + pack((k(checkpoint_id), k(task_id)))
+    return [prefix + (_IDX.get(idx) or pack((idx,))) for idx in idxs]
+
+
+_IDX = {i: pack((i,)) for i in range(-8, 64)}  # a task's write indexes, packed
 
 
 def writes_range(
