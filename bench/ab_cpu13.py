@@ -83,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=6)
     parser.add_argument("--only", choices=["graph", "ops"], default=None)
+    parser.add_argument(
+        "--workload", choices=["loop", "invokes"], default="loop", help="ops: whose calls"
+    )
     args = parser.parse_args(argv)
     variants: dict[str, Any] = {"inmemory": InMemorySaver, "new": lambda: KVSaver(":memory:")}
     if args.old:
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             row = _row(per, ratios, names, 0)
             print(f"graph:{wname} overhead/checkpoint: {row}", flush=True)
     if args.only != "graph":
-        calls = record(run_loop, args.threads)
+        calls = record(run_loop if args.workload == "loop" else run_invokes, args.threads)
         for kind in ("put", "put_writes"):
             for make in variants.values():
                 replay(make(), calls, kind)

@@ -71,19 +71,21 @@ T = TypeVar("T")
 _LIST_CHUNK = 32
 
 
-def _configurable(config: RunnableConfig | None, what: str) -> dict[str, Any]:
-    if not isinstance(config, Mapping):
+def _configurable(config: RunnableConfig | None, what: str) -> Mapping[str, Any]:
+    # type() first: isinstance(x, Mapping) is a Python-level ABC check, and
+    # every put and put_writes comes here (issue #13). Callers only read it.
+    if type(config) is not dict and not isinstance(config, Mapping):
         raise TypeError(f"{what}: config must be a dict (RunnableConfig), got {config!r}")
     conf = config.get("configurable")
-    if not isinstance(conf, Mapping):
+    if type(conf) is not dict and not isinstance(conf, Mapping):
         raise ValueError(
             f"{what}: config has no 'configurable' dict; pass "
             "{'configurable': {'thread_id': ...}}"
         )
-    return dict(conf)
+    return conf
 
 
-def _thread_ns(config: RunnableConfig, what: str) -> tuple[str, str, dict[str, Any]]:
+def _thread_ns(config: RunnableConfig, what: str) -> tuple[str, str, Mapping[str, Any]]:
     conf = _configurable(config, what)
     thread = conf.get("thread_id")
     if thread is None:
@@ -101,6 +103,8 @@ def _id(value: Any, what: str) -> str:
     str()s every id). Anything else is refused rather than stored as "None"
     or "<object at 0x...>", and so is a str that UTF-8 cannot encode (issue
     #11: a lone surrogate used to end in a bare TypeError from the encoder)."""
+    if type(value) is str and value.isascii():
+        return value  # the common case, in one test (issue #13)
     if not isinstance(value, (str, int, UUID)) or isinstance(value, bool):
         kind = type(value).__name__
         raise TypeError(f"{what} must be a str (or an int or UUID), not {kind}: {value!r}")
@@ -600,7 +604,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         idxs = [WRITES_IDX_MAP.get(channel, idx) for idx, (channel, _) in enumerate(writes)]
         keys = S.write_keys(thread, ns, checkpoint_id, task_id, idxs)
         entries = [
-            (key, S.encode_write(S.WriteRecord(task_id, channel, dumps(value), task_path, widx)))
+            (key, S.encode_write_fields(task_id, channel, dumps(value), task_path, widx))
             for key, widx, (channel, value) in zip(keys, idxs, writes)
         ]
         replace = all(channel in WRITES_IDX_MAP for channel, _ in writes)

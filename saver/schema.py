@@ -155,6 +155,16 @@ def _ver(v: str | int | float) -> str | bytes | int | float:
     return k(v) if isinstance(v, str) else v
 
 
+def _el(s: str) -> bytes:
+    """``pack((k(s),))``. A plain ASCII string short enough to stay inline
+    (every id and version LangGraph makes) is encoded directly: cheaper than
+    the memo lookups, and a put's new ids and versions would only miss them
+    and push older entries out (issue #13)."""
+    if type(s) is str and len(s) <= _MAX_INLINE and s.isascii() and "\x00" not in s:
+        return b"\x02" + s.encode("ascii") + b"\x00"
+    return pack((k(s),))
+
+
 # -- keys -------------------------------------------------------------------
 
 
@@ -176,7 +186,7 @@ _TN_CACHE: dict[tuple[str, str, str], bytes] = {}
 
 
 def checkpoint_key(thread: str, ns: str, checkpoint_id: str) -> bytes:
-    return _thread_ns_prefix(CHECKPOINT, thread, ns) + pack((k(checkpoint_id),))
+    return _thread_ns_prefix(CHECKPOINT, thread, ns) + _el(checkpoint_id)
 
 
 def checkpoint_key_from_elements(kt: Any, kns: Any, kcid: Any) -> bytes:
@@ -200,7 +210,7 @@ def _blob_suffix(ch: str, v: Any) -> bytes:
     mark = (ch, type(v), v)  # 1 == 1.0 == True, but their encodings differ
     suffix = _SUFFIX_CACHE.get(mark)
     if suffix is None:
-        suffix = pack((k(ch), _ver(v)))
+        suffix = _el(ch) + _el(v) if type(v) is str else pack((k(ch), v))
         if len(_SUFFIX_CACHE) >= 16384:
             _SUFFIX_CACHE.clear()
         _SUFFIX_CACHE[mark] = suffix
@@ -256,7 +266,7 @@ def write_keys(
 ) -> list[bytes]:
     """``write_key`` of each idx of one task's batch: the shared elements are
     packed once (a packed tuple is its elements' encodings, concatenated)."""
-    prefix = _thread_ns_prefix(WRITE, thread, ns) + pack((k(checkpoint_id), k(task_id)))
+    prefix = _thread_ns_prefix(WRITE, thread, ns) + _el(checkpoint_id) + _el(task_id)
     return [prefix + (_IDX.get(idx) or pack((idx,))) for idx in idxs]
 
 
@@ -422,7 +432,7 @@ def index_keys(rec: CheckpointRecord) -> list[bytes]:
     thread, ns) elements they share packed once (put and every delete of a
     checkpoint come here)."""
     t, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
-    tail = pack((k(cid), k(t), k(ns)))
+    tail = _el(cid) + _el(t) + _el(ns)
     keys = [_BY_ID_PREFIX + tail]
     if rec.run_id is not None:
         keys.append(run_key(rec.run_id, t, ns, cid))
@@ -513,9 +523,14 @@ class WriteRecord(NamedTuple):
 
 
 def encode_write(rec: WriteRecord) -> bytes:
-    return ormsgpack.packb(
-        [rec.task_id, rec.channel, rec.value[0], rec.value[1], rec.task_path, rec.idx]
-    )
+    return encode_write_fields(rec.task_id, rec.channel, rec.value, rec.task_path, rec.idx)
+
+
+def encode_write_fields(
+    task_id: str, channel: str, value: Typed, task_path: str, idx: int
+) -> bytes:
+    """``encode_write`` of a record not built first (put_writes' path)."""
+    return ormsgpack.packb([task_id, channel, value[0], value[1], task_path, idx])
 
 
 def decode_write(raw: bytes) -> WriteRecord:
