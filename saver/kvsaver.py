@@ -516,6 +516,16 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
 
     # -- writes -------------------------------------------------------------
 
+    _codec_of: tuple[Any, D.Codec] | None = None
+
+    def _codec(self) -> D.Codec:
+        """``D.codec(self.serde)``, remembered for this serde (a clone with
+        another serde, ``with_allowlist``, finds it is not its own)."""
+        pair = self._codec_of
+        if pair is None or pair[0] is not self.serde:
+            pair = self._codec_of = (self.serde, D.codec(self.serde))
+        return pair[1]
+
     def put(
         self,
         config: RunnableConfig,
@@ -533,7 +543,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         values: dict[str, Any] = cp.pop("channel_values", None) or {}
         checkpoint_id = _id(cp["id"], "put: checkpoint['id']")
         # Lists as plain msgpack: stored as deltas where they extend (issue #15).
-        codec = D.codec(self.serde)
+        codec = self._codec()
         blobs = codec.prepare(thread, ns, new_versions, values, dumps)
         parent_id = conf.get("checkpoint_id")
         rec = S.make_checkpoint_record(

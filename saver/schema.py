@@ -210,18 +210,28 @@ def _blob_suffix(ch: str, v: Any) -> bytes:
     mark = (ch, type(v), v)  # 1 == 1.0 == True, but their encodings differ
     suffix = _SUFFIX_CACHE.get(mark)
     if suffix is None:
-        suffix = _el(ch) + _el(v) if type(v) is str else pack((k(ch), v))
+        suffix = _new_blob_suffix(ch, v)
         if len(_SUFFIX_CACHE) >= 16384:
             _SUFFIX_CACHE.clear()
         _SUFFIX_CACHE[mark] = suffix
     return suffix
 
 
-def blob_keys(thread: str, ns: str, versions: Mapping[str, Any]) -> list[tuple[str, bytes]]:
+def _new_blob_suffix(ch: str, v: Any) -> bytes:
+    return _el(ch) + _el(v) if type(v) is str else pack((k(ch), v))
+
+
+def blob_keys(
+    thread: str, ns: str, versions: Mapping[str, Any], *, new: bool = False
+) -> list[tuple[str, bytes]]:
     """(channel, blob key) for every channel of a checkpoint's versions: the
     (thread, ns) prefix is packed once (packing is concatenation, element by
-    element), since every read of a checkpoint keys all its channels."""
+    element), since every read of a checkpoint keys all its channels.
+    ``new=True`` (a put's new versions, never keyed before): not memoized,
+    which would only cost a miss and an insert each (issue #13)."""
     prefix = _thread_ns_prefix(BLOB, thread, ns)
+    if new:
+        return [(ch, prefix + _new_blob_suffix(ch, v)) for ch, v in versions.items()]
     return [(ch, prefix + _blob_suffix(ch, v)) for ch, v in versions.items()]
 
 
@@ -367,7 +377,10 @@ def key_thread(key: bytes) -> Any:
 
 
 def activity_key(thread: str) -> bytes:
-    return pack((ACTIVITY, k(thread)))
+    return _ACTIVITY_PREFIX + _el(thread)  # = pack((ACTIVITY, k(thread)))
+
+
+_ACTIVITY_PREFIX = pack((ACTIVITY,))
 
 
 def activity_key_from_element(kt: Any) -> bytes:
