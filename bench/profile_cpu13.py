@@ -103,9 +103,9 @@ def profile_graph(old: str | None) -> list[str]:
         with open(script, "w") as f:
             f.write(_GRAPH.format(bench=HERE, imp=imp))
         raw = os.path.join(tmp, "raw.txt")
+        cmd = [spy, "record", "--gil", "-r", "500", "-f", "raw", "-o", raw, "--"]
         subprocess.run(
-            [spy, "record", "--gil", "-r", "500", "-f", "raw", "-o", raw, "--"]
-            + [sys.executable, script],
+            [*cmd, sys.executable, script],
             check=True,
             capture_output=True,
         )
