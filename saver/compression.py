@@ -84,6 +84,7 @@ DEFAULT_THRESHOLD = 2048  # bytes; see "Why 2 KiB" in the module docstring
 # compresses the whole of each changed channel again.
 DEFAULT_LEVEL = 1
 DEFAULT_CACHE_BYTES = 8 << 20
+_POOL_MAX = 8  # idle zstd compressors kept per serializer (see CompressingSerializer)
 
 
 class EncryptedValueError(ValueError):
@@ -171,13 +172,24 @@ class CompressingSerializer(SerializerProtocol):
         # zstd contexts must not be shared by concurrent threads (async
         # methods run in worker threads): one pair per thread.
         self._local = threading.local()
+        # Compressors are lent from a pool instead (issue #13): LangGraph
+        # writes checkpoints from worker threads that live for one invoke,
+        # and a new context costs several compressions (~50 µs).
+        self._compressors: list[zstandard.ZstdCompressor] = []
         self._loader: tuple[Any, Callable[[tuple[str, bytes]], Any]] | None = None  # loader()
 
-    def _compressor(self) -> zstandard.ZstdCompressor:
-        c = getattr(self._local, "c", None)
-        if c is None:
-            c = self._local.c = zstandard.ZstdCompressor(level=self.level)
-        return c
+    def _compress(self, data: bytes) -> bytes:
+        """zstd of ``data`` with a compressor taken from the pool for the
+        call (``list.pop``/``append`` are atomic: no two threads get one)."""
+        try:
+            c = self._compressors.pop()
+        except IndexError:
+            c = zstandard.ZstdCompressor(level=self.level)
+        try:
+            return c.compress(data)
+        finally:
+            if len(self._compressors) < _POOL_MAX:
+                self._compressors.append(c)
 
     def _decompressor(self) -> zstandard.ZstdDecompressor:
         d = getattr(self._local, "d", None)
@@ -208,7 +220,7 @@ class CompressingSerializer(SerializerProtocol):
             return typ, data
         if len(data) < (self.threshold if threshold is None else threshold):
             return typ, data
-        packed = self._compressor().compress(data)
+        packed = self._compress(data)
         if len(packed) > len(data) - (len(data) >> 4):
             return typ, data  # saves less than 1/16: not worth a decompression
         self._inflated.add(packed, data)  # the next read of this value is likely soon
