@@ -88,10 +88,15 @@ def graph_cpu(make: Any, run: Any, threads: int, tag: str) -> tuple[float, float
 
 
 def _row(per: dict, ratios: dict, names: list[str], digits: int) -> str:
+    """Each variant's median and median ratio to InMemorySaver; with an old
+    variant, also the median of the per-round new/old ratios."""
     med = statistics.median
-    return ", ".join(
+    row = ", ".join(
         f"{n} {med(per[n]) * 1e6:,.{digits}f} us ({med(ratios[n]):.2f}x)" for n in names
     )
+    if "old" in per:
+        row += f"; new/old {med(a / b for a, b in zip(per['new'], per['old'])):.2f}"
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
