@@ -218,7 +218,7 @@ def _blob_suffix(ch: str, v: Any) -> bytes:
 
 
 def _new_blob_suffix(ch: str, v: Any) -> bytes:
-    return _el(ch) + _el(v) if type(v) is str else pack((k(ch), v))
+    return _el(ch) + _el(v) if type(v) is str else pack((k(ch), _ver(v)))
 
 
 def blob_keys(
@@ -277,7 +277,12 @@ def write_keys(
     """``write_key`` of each idx of one task's batch: the shared elements are
     packed once (a packed tuple is its elements' encodings, concatenated)."""
     prefix = _thread_ns_prefix(WRITE, thread, ns) + _el(checkpoint_id) + _el(task_id)
-    return [prefix + (_IDX.get(idx) or pack((idx,))) for idx in idxs]
+    return [prefix + _idx_element(idx) for idx in idxs]
+
+
+def _idx_element(idx: int) -> bytes:
+    packed = _IDX.get(idx) if type(idx) is int else None  # not a bool: True == 1
+    return packed if packed is not None else pack((idx,))
 
 
 _IDX = {i: pack((i,)) for i in range(-8, 64)}  # a task's write indexes, packed

@@ -597,7 +597,7 @@ _ids = st.text(max_size=40) | st.sampled_from(["", "a\x00b", "🦜", "x" * 600])
     ns=_ids,
     cid=_ids,
     task=_ids,
-    idxs=st.lists(st.integers(min_value=-10, max_value=10**6), max_size=5),
+    idxs=st.lists(st.integers(min_value=-10, max_value=10**6) | st.booleans(), max_size=5),
 )
 def test_write_keys_are_write_key_of_each_idx(
     thread: str, ns: str, cid: str, task: str, idxs: list[int]
