@@ -264,7 +264,10 @@ def writes_range(
         return prefix_range((WRITE, k(thread)))
     if checkpoint_id is None:
         return prefix_range((WRITE, k(thread), k(ns)))
-    return prefix_range((WRITE, k(thread), k(ns), k(checkpoint_id)))
+    # Every read of a checkpoint comes here: the (thread, ns) prefix is packed
+    # once (as checkpoint_key), the checkpoint id's element each time.
+    p = _thread_ns_prefix(WRITE, thread, ns) + pack((k(checkpoint_id),))
+    return p + b"\x00", p + b"\xff"  # as prefix_range
 
 
 def run_key(run_id: str, thread: str, ns: str, checkpoint_id: str) -> bytes:
@@ -476,6 +479,9 @@ def encode_blob(typed: Typed | None) -> bytes:
     if typed is None:
         return b"empty\x00"
     return typed[0].encode("ascii") + b"\x00" + typed[1]
+
+
+BLOB_PREFIX_MSGPACK = b"msgpack\x00"  # encode_blob of a ("msgpack", ...) value
 
 
 def decode_blob(raw: bytes | None) -> Typed | None:
