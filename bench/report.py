@@ -56,6 +56,7 @@ GROUP_ORDER = [
     "reads13:list:limit10",
     "reads13:list:filter",
     "async:32_conversations",
+    "durability:graph_loop",
 ]
 WHAT = {
     "put": "one put: 10 channels, 1-2 changed (one a growing list of 300-char messages)",
@@ -637,6 +638,38 @@ def issue13_targets(groups: dict, storage: dict | None) -> list[list[str]]:
     return rows
 
 
+# What each durability gives up (the README's "Durability" table says the same).
+DURABILITY_GIVES_UP = {
+    "kvsaver-full": "nothing: a committed put survives power loss (two flushes per commit)",
+    "kvsaver-meta": "the last commit, on an OS crash or power loss",
+    "kvsaver-none": "commits since the OS last flushed, on an OS crash or power loss",
+    SQL: "nothing (WAL, synchronous FULL: one flush per commit)",
+}
+
+
+def durability_section(groups: dict) -> list[str]:
+    b = groups.get("durability:graph_loop", {}).get(PAIRED_ROW)
+    if b is None:
+        return []
+    ei = b.get("extra_info") or {}
+    over, x = ei.get("overhead_us_per_superstep") or {}, ei.get("x_sqlite") or {}
+    rows = [
+        [n, f"{over[n]:,.0f} µs", fmt_ratio(x.get(n)), DURABILITY_GIVES_UP.get(n, "")] for n in over
+    ]
+    return [
+        "",
+        "### Choosing durability: graph overhead per superstep",
+        "",
+        f"`bench/bench_durability.py`: the agent loop ({ei.get('threads')} threads x one "
+        f"30-turn loop, LangGraph's default run durability) on a fresh store per row, "
+        f"every row and a run without checkpointer in each of {ei.get('rounds')} rounds, "
+        "rotating order; overhead = (with - without, same round) / checkpoints written; "
+        "x = median of per-round ratios to SqliteSaver.",
+        "",
+        *table(["saver", "overhead / superstep", "x SqliteSaver", "gives up"], rows),
+    ]
+
+
 def reads13_section(groups: dict) -> list[str]:
     body = []
     for g in ("get_tuple:latest", "get_tuple:by_id", "list:limit10", "list:filter"):
@@ -768,6 +801,7 @@ def render(data: dict, storage: dict | None = None) -> str:
         *paired_section(groups),
         *reads13_section(groups),
         *graph_section(groups),
+        *durability_section(groups),
         *concurrency_section(groups),
         *long_section(groups),
         "",
