@@ -204,12 +204,24 @@ def blob_keys(thread: str, ns: str, versions: Mapping[str, Any]) -> list[tuple[s
         mark = (ch, type(v), v)  # 1 == 1.0 == True, but their encodings differ
         suffix = _SUFFIX_CACHE.get(mark)
         if suffix is None:
-            suffix = pack((k(ch), _ver(v)))
+            suffix = _str_key_element(ch) + (
+                _str_key_element(v) if type(v) is str else pack((_ver(v),))
+            )
             if len(_SUFFIX_CACHE) >= 16384:
                 _SUFFIX_CACHE.clear()
             _SUFFIX_CACHE[mark] = suffix
         out.append((ch, prefix + suffix))
     return out
+
+
+def _str_key_element(s: str) -> bytes:
+    """``pack((k(s),))`` in one step, through no cache: what a read of a
+    checkpoint nobody read lately (another process's, a cold store) pays for
+    each channel and version string it keys."""
+    raw = s.encode("utf-8", "surrogatepass")
+    if len(raw) + raw.count(0) > _MAX_INLINE:
+        return pack((k(s),))
+    return b"\x02" + raw.replace(b"\x00", b"\x00\xff") + b"\x00"
 
 
 # (channel, type, version) -> packed key elements: a thread's latest
