@@ -41,7 +41,7 @@ from kvsaver.kv import (
     PostgresStore,
     Store,
 )
-from kvsaver.kv.keys import pack, unpack
+from kvsaver.kv.keys import pack, split, unpack
 from kvsaver.kv.postgres import is_postgres_url
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -460,7 +460,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                     rec = S.decode_checkpoint(raw)
                     metadata = None
                     if filter:
-                        metadata = self.serde.loads_typed(rec.metadata)
+                        metadata = self._readers()[0](rec.metadata)
                         if not _matches(metadata, filter):
                             continue
                     chunk.append(self._load_tuple(txn, rec, metadata=metadata))
@@ -489,14 +489,16 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         if before_id:
             default = (default[0], S.by_id_stop(before_id))
         chosen: list[tuple[bytes, bytes]] = []
+        ckpt = pack((S.CHECKPOINT,))
 
         def source(txn: Any, resume: Any) -> Iterator[tuple[Any, bytes]]:
             if not chosen:
                 chosen.append(_most_selective(txn, candidates) if candidates else default)
             start, stop = chosen[0]
+            tail = len(start) - 1  # an index key: its range's prefix, then (id, thread, ns)
             for key, _ in txn.scan(start, resume[1] if resume else stop, reverse=True):
-                kcid, kt, kns = unpack(key)[-3:]
-                raw = txn.get(S.checkpoint_key_from_elements(kt, kns, kcid))
+                kcid, kt, kns = split(key, tail)[-3:]
+                raw = txn.get(ckpt + kt + kns + kcid)
                 if raw is not None:
                     yield (kcid, key), raw
 
