@@ -162,7 +162,7 @@ def _el(s: str) -> bytes:
     and push older entries out (issue #13)."""
     if type(s) is str and len(s) <= _MAX_INLINE and s.isascii() and "\x00" not in s:
         return b"\x02" + s.encode("ascii") + b"\x00"
-    return pack((k(s),))
+    return _str_key_element(s) if type(s) is str else pack((k(s),))
 
 
 # -- keys -------------------------------------------------------------------
@@ -235,6 +235,16 @@ def blob_keys(
     return [(ch, prefix + _blob_suffix(ch, v)) for ch, v in versions.items()]
 
 
+def _str_key_element(s: str) -> bytes:
+    """``pack((k(s),))`` in one step, through no cache: what a read of a
+    checkpoint nobody read lately (another process's, a cold store) pays for
+    each channel and version string it keys."""
+    raw = s.encode("utf-8", "surrogatepass")
+    if len(raw) + raw.count(0) > _MAX_INLINE:
+        return pack((k(s),))
+    return b"\x02" + raw.replace(b"\x00", b"\x00\xff") + b"\x00"
+
+
 # (channel, type, version) -> packed key elements: a thread's latest
 # checkpoint is read at every step, with the same channel versions each time.
 _SUFFIX_CACHE: dict[tuple[str, type, Any], bytes] = {}
@@ -295,7 +305,10 @@ def writes_range(
         return prefix_range((WRITE, k(thread)))
     if checkpoint_id is None:
         return prefix_range((WRITE, k(thread), k(ns)))
-    return prefix_range((WRITE, k(thread), k(ns), k(checkpoint_id)))
+    # Every read of a checkpoint comes here: the (thread, ns) prefix is packed
+    # once (as checkpoint_key), the checkpoint id's element each time.
+    p = _thread_ns_prefix(WRITE, thread, ns) + pack((k(checkpoint_id),))
+    return p + b"\x00", p + b"\xff"  # as prefix_range
 
 
 def run_key(run_id: str, thread: str, ns: str, checkpoint_id: str) -> bytes:
@@ -510,6 +523,9 @@ def encode_blob(typed: Typed | None) -> bytes:
     if typed is None:
         return b"empty\x00"
     return typed[0].encode("ascii") + b"\x00" + typed[1]
+
+
+BLOB_PREFIX_MSGPACK = b"msgpack\x00"  # encode_blob of a ("msgpack", ...) value
 
 
 def decode_blob(raw: bytes | None) -> Typed | None:
