@@ -643,16 +643,38 @@ class _Env:
         writer is between writing its meta page and publishing N+2, gets N+1,
         so a thread could see the store go back in time (measured: about 3 in
         a million reads against a busy writer). Overwriting slot N % 2 needs
-        N+1 committed first, so when no commit newer than N exists after the
-        copy, the copy was N's; else begin again. The pages of a too-new
-        snapshot are safe meanwhile (LMDB keeps every page a reader of N may
-        see). A writer committing faster than we can begin falls back, after
-        ``_SETTLE_TRIES``, to accepting N+1: then slot N % 2 is still N's."""
+        N+1 published first, so when no meta page newer than N exists after
+        the copy, the copy was N's. The pages of a too-new snapshot are safe
+        meanwhile (LMDB keeps every page a reader of N may see).
+
+        A newer meta page is nearly always N+1's, written but not yet
+        published: at durability "full" its writer holds it so for a whole
+        device flush (LMDB writes the meta page through a synchronous fd,
+        then publishes), and re-beginning until then cost every read that
+        began in that window 32 begins (issue #13: a third of the reads
+        beside a busy writer). So the probe is a second begin: it reads the
+        published id after our copy, and if that is still N, N+1 was not
+        published before the copy, so N+2's meta page was not begun: the copy
+        was N's. Otherwise the probe is the next candidate. A writer
+        publishing faster than we can begin falls back, after
+        ``_SETTLE_TRIES``, to accepting a meta page one newer than the id."""
         attempt = 0
-        while int(self.env.info()["last_txnid"]) > txn.id() + (attempt >= _SETTLE_TRIES):
+        probe = None
+        try:
+            while int(self.env.info()["last_txnid"]) > txn.id() + (attempt >= _SETTLE_TRIES):
+                probe = self.env.begin(write=False, buffers=False)
+                if probe.id() == txn.id():
+                    probe.abort()
+                    return txn
+                txn.abort()
+                txn = probe
+                attempt += 1
+        except BaseException:
+            # An interrupt: leave no reader slot pinned (see begin_read).
             txn.abort()
-            txn = self.env.begin(write=False, buffers=False)
-            attempt += 1
+            if probe is not None:
+                probe.abort()
+            raise
         return txn
 
 
