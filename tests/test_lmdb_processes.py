@@ -265,15 +265,10 @@ def test_a_read_during_another_commits_meta_flush_begins_once_more(tmp_path: Pat
     with store.write() as txn:
         txn.put(b"k", b"v")
     env = store._env
-    real = env.env
+    real, last_txnid = env.env, env.last_txnid
     begins = []
 
-    class MetaWrittenNotPublished:
-        def info(self) -> dict[str, int]:
-            info = dict(real.info())
-            info["last_txnid"] += 1  # N+1's meta page is there; the lock table says N
-            return info
-
+    class CountingBegins:
         def begin(self, **kw: Any) -> Any:
             begins.append(1)
             return real.begin(**kw)
@@ -281,14 +276,64 @@ def test_a_read_during_another_commits_meta_flush_begins_once_more(tmp_path: Pat
         def __getattr__(self, name: str) -> Any:
             return getattr(real, name)
 
-    env.env = MetaWrittenNotPublished()
+    # N+1's meta page is there; the lock table still says N
+    env.last_txnid = lambda: last_txnid() + 1  # type: ignore[method-assign]
+    env.env = CountingBegins()
     try:
         with store.read() as txn:
             assert txn.get(b"k") == b"v"
     finally:
         env.env = real
+        del env.last_txnid
     assert len(begins) == 2
     store.close()
+
+
+def test_last_txnid_is_lmdbs_newest_meta_page(tmp_path: Path) -> None:
+    """_Env.last_txnid reads the meta pages itself (env.info() releases the
+    GIL, issue #13); it must agree with LMDB, in this process and another's."""
+    path = str(tmp_path / "s")
+    store = LMDBStore(path)
+    reader = CTX.Process(target=_commit_one, args=(path,))
+    for i in range(5):
+        with store.write() as txn:
+            txn.put(b"k", b"%d" % i)
+        assert store._env.last_txnid() == store._env.env.info()["last_txnid"] == i + 1
+    reader.start()
+    reader.join(START_TIMEOUT)
+    assert reader.exitcode == 0
+    assert store._env.last_txnid() == store._env.env.info()["last_txnid"] == 6
+    store.close()
+
+
+def test_a_read_does_not_call_env_info(tmp_path: Path) -> None:
+    """py-lmdb's env.info() releases the GIL: an event loop reading inline
+    (KVSaver.aget_tuple) then waited up to a switch interval for it at every
+    read while worker threads serialized (issue #13, worst loop lag)."""
+    store = LMDBStore(str(tmp_path / "s"))
+    with store.write() as txn:
+        txn.put(b"k", b"v")
+    real = store._env.env
+
+    class NoInfo:
+        def info(self) -> None:
+            raise AssertionError("env.info() in a read")
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    store._env.env = NoInfo()
+    try:
+        with store.read() as txn:
+            assert txn.get(b"k") == b"v"
+    finally:
+        store._env.env = real
+    store.close()
+
+
+def _commit_one(path: str) -> None:
+    with LMDBStore(path) as store, store.write() as txn:
+        txn.put(b"other", b"process")
 
 
 # -- (b) map growth across processes --------------------------------------------
