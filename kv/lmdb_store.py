@@ -408,8 +408,8 @@ class _Env:
         read from our own map of the two meta pages: ``info()`` releases the
         GIL, so an event loop reading inline (aget_tuple) gave it away at every
         read to threads that then kept it for a switch interval (5 ms); and it
-        builds a dict (issue #13). An 8-byte id torn by a concurrent write
-        reads as some other id: _settled then probes or begins again."""
+        builds a dict (issue #13). The same bytes info() reads, through the
+        same page cache, so the same value whenever LMDB's own would be."""
         m, at = self.metas, _TXNID_AT
         a, b = _TXNID.unpack_from(m, at)[0], _TXNID.unpack_from(m, self.psize + at)[0]
         return a if a > b else b
