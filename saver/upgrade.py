@@ -72,9 +72,18 @@ def _deltas_allowed(txn: Any) -> dict[str, int]:
     return {}
 
 
+def _small_dictionary_allowed(txn: Any) -> dict[str, int]:
+    """Format 3 -> 4 (issue #15): checkpoints and pending writes may now be
+    zstd-compressed with ``compression.SMALL_DICT`` (type ``"....zd1"``).
+    Nothing to rewrite; the number makes an older kvsaver refuse the store
+    rather than fail on such a value."""
+    return {}
+
+
 UPGRADES: dict[int, Callable[[Any], dict[str, int]]] = {
     1: _writes_by_task_id,
     2: _deltas_allowed,
+    3: _small_dictionary_allowed,
 }
 
 
