@@ -461,7 +461,9 @@ def long_chat_runs(groups: dict, results: str = RESULTS) -> list[tuple[str, dict
         what = f"{ei.get('threads', 3)} x {ei.get('turns', 120)} turns"
         runs.append((what, ei, "this suite run"))
     names = sorted(
-        f for f in os.listdir(results) if f.startswith("long_chat") and f.endswith(".json")
+        f
+        for f in (os.listdir(results) if os.path.isdir(results) else [])
+        if f.startswith("long_chat") and f.endswith(".json")
     )
     for name in names:
         if name == "long_chat_k.json":
