@@ -84,6 +84,7 @@ from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.constants import START
 
+from . import compression as C
 from . import schema as S
 from .compression import CompressingSerializer
 
@@ -324,10 +325,31 @@ class Codec:
         assert hb is not None
         top = chain[0]
         parts: list[Any] = [make_header(top.n), memoryview(base)[hb[1] :]]
-        parts.extend(self.unwrap(rec.typ, rec.piece)[1] for rec in reversed(chain))
+        piece = self._piece_reader()
+        parts.extend(piece(rec.typ, rec.piece) for rec in reversed(chain))
         e = _Entry(raw, top.digest, top.depth, b"".join(parts))
         self.recent.add(key, e)
         return e
+
+    def _piece_reader(self) -> Callable[[str, bytes], bytes]:
+        """``unwrap(typ, piece)[1]``, with the usual piece types decompressed
+        directly: a cold read of a chain decompresses up to ``MAX_CHAIN - 1``
+        pieces once, into the value ``recent`` caches, so the per-value
+        decompression cache and its layers would only cost time (issue #15)."""
+        comp, unwrap = self.comp, self.unwrap
+        if comp is None:
+            return lambda typ, piece: unwrap(typ, piece)[1]
+        small, zst = comp._dict_decompressor().decompress, comp._decompressor().decompress
+        small_type, zst_type = "msgpack" + C.DICT_SUFFIX, "msgpack" + C.SUFFIX
+
+        def read(typ: str, piece: bytes) -> bytes:
+            if typ == small_type:
+                return small(piece)
+            if typ == zst_type:
+                return zst(piece)
+            return unwrap(typ, piece)[1]
+
+        return read
 
     def _try_resolve(self, txn: Any, key: bytes, raw: bytes) -> _Entry | None:
         try:

@@ -168,7 +168,7 @@ def test_0_1_0_store_upgrades_on_open_and_reads_as_sqlitesaver(
         _same_as(saver, ref)
     # Reopened: no second upgrade, the same contents.
     with _open_copy(backend, tmp_path) as saver:
-        assert _schema(saver)["upgrades"] == [step, deltas]
+        assert _schema(saver)["upgrades"] == [step, deltas, small]
         _same_as(saver, ref)
         # The other operations over write keys, on the upgraded store.
         thread = EXPECTED[0]["thread_id"]
