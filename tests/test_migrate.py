@@ -111,7 +111,7 @@ def test_real_graphs_migrate_verify_and_resume_identically(graphs_db, tmp_path):
         assert [r[:4] for r in recs] == [r[:4] for r in rows]
         for r, w in zip(rows, recs):
             assert kv.serde.loads_typed(w[4:]) == src.serde.loads_typed(r[4:])
-            assert w[4:] == r[4:] or w[4].endswith(".zst")
+            assert w[4:] == r[4:] or w[4].endswith((".zst", ".zd1"))
         assert any(path for _, path, *_ in rows) and any(idx < 0 for _, _, idx, *_ in rows)
         # Metadata is exactly SqliteSaver's (no config value merged in).
         for a, b in zip(src.list(None), kv.list(None)):
@@ -486,7 +486,7 @@ def test_encrypted_destination_reencodes(graphs_db, tmp_path):
         types = {w.value[0] for w in _write_records(kv.store)}
         assert types and all(t.endswith("+aes") for t in types)
     with KVSaver(str(tmp_path / "state")) as plain:  # without the key nothing decodes
-        with pytest.raises(EncryptedValueError, match=r"type 'msgpack(\.zst)?\+aes'"):
+        with pytest.raises(EncryptedValueError, match=r"type 'msgpack(\.zst|\.zd1)?\+aes'"):
             list(plain.list(None))
 
 
