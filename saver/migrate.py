@@ -732,8 +732,11 @@ def _copy_sqlite(
     raw_limit = _raw_copy_limit(source_serde or JsonPlusSerializer(), serde)
     dumps = serde.dumps_typed
     # Checkpoints and writes as put/put_writes store them: small ones
-    # compressed with the dictionary (issue #15).
+    # compressed with the dictionary (issue #15). Bytes copied as they are
+    # are the inner serializer's, except when the source's serializer is the
+    # destination's very object: then they are stored bytes already.
     small = D.codec(serde)
+    stored_form = (source_serde or JsonPlusSerializer()) is serde
     # (channel, version) pairs of the current (thread, ns) already handled:
     # most of a checkpoint's channels are unchanged since its parent.
     seen: set[tuple[str, Any, type]] = set()
@@ -787,7 +790,9 @@ def _copy_sqlite(
                         continue
                     if wvalue is not None and len(wvalue) < raw_limit and wtype != "pickle":
                         # the bytes the inner serializer would make again
-                        value = small.wrap_small(wtype, wvalue)
+                        value = (wtype, wvalue)
+                        if not stored_form:
+                            value = small.wrap_small(wtype, wvalue)
                     else:
                         value = small.dumps_small(loads((wtype, wvalue)))
                     record = S.WriteRecord(task_id, str(channel), value, task_path, int(idx))

@@ -734,3 +734,29 @@ def test_verification_never_runs_code_named_in_stored_data(tmp_path):
     with KVSaver(dest, serde=permissive) as kv:
         kv.get_tuple({"configurable": {"thread_id": "thread-0000"}})
     assert marker.is_dir()
+
+
+def test_one_encrypted_serializer_for_source_and_destination(tmp_path):
+    """Writes copied as they are when the source's serializer is the
+    destination's very object are stored bytes already (encrypted): they are
+    not compressed or encrypted again (issue #15's small-value compression)."""
+    from kvsaver import CompressingSerializer
+
+    serde = EncryptedSerializer.from_pycryptodome_aes(key=b"0123456789abcdef")
+    serde.serde = CompressingSerializer(serde.serde)
+    db = str(tmp_path / "enc.sqlite")
+    src = SqliteSaver(sqlite3.connect(db, check_same_thread=False), serde=serde)
+    v = {"messages": src.get_next_version(None, None)}
+    cp = empty_checkpoint()
+    cp["channel_values"], cp["channel_versions"] = {"messages": ["x"]}, dict(v)
+    saved = src.put({"configurable": {"thread_id": "t", "checkpoint_ns": ""}}, cp, {}, v)
+    value = "a pending write long enough to be compressed " * 8
+    src.put_writes(saved, [("messages", value)], "task-1")
+    src.conn.close()
+    with KVSaver(str(tmp_path / "state"), serde=serde) as kv:
+        assert kv.serde is serde
+        migrate_from_sqlite(db, kv, source_serde=serde)
+        [w] = _write_records(kv.store)
+        assert w.value[0] == "msgpack+aes"
+        t = kv.get_tuple({"configurable": {"thread_id": "t"}})
+        assert t is not None and t.pending_writes == [("task-1", "messages", value)]
