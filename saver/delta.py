@@ -104,6 +104,7 @@ PIECE_THRESHOLD = 128  # pieces from here are compressed (zstd with its dictiona
 CACHE_BYTES = 8 << 20
 _DIGEST = 16
 _LIMIT = 4096  # a chain longer than this is a cycle: a damaged store
+_EMPTY = S.encode_blob(None)
 
 
 class DeltaRecord(NamedTuple):
@@ -428,6 +429,16 @@ class Codec:
                     continue
                 if old is not None:
                     self.detach(txn, {p.key}, *S.blob_channel_range(p.key))
+                if p.raw == _EMPTY:
+                    # No record reads as the "empty" marker does, so none is
+                    # written: a graph's consumed input and triggers
+                    # (__start__, branch:to:*) are a quarter of a chat's
+                    # records, and small ones among long keys fill LMDB
+                    # pages badly (issue #15; older stores keep their
+                    # markers, which read the same).
+                    if old is not None:
+                        txn.delete(p.key)
+                    continue
                 put(p.key, p.raw)
                 continue
             if old is not None:

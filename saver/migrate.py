@@ -905,8 +905,10 @@ def _put_checkpoint(
                     thread, ns, {channel: version}, {channel: values[channel]()}, dumps
                 )
                 codec.write(txn, thread, ns, parent, one, put)
+            elif channel in values:
+                put(bkey, S.encode_blob(dumps(values[channel]())))
             else:
-                put(bkey, S.encode_blob(dumps(values[channel]()) if channel in values else None))
+                continue  # no value: no record (put writes none either, issue #15)
             put.stats.blobs_written += 1
         if not isinstance(metadata, dict):
             raise MigrationError(f"{where}: metadata is not a JSON object: {metadata!r}")

@@ -607,3 +607,36 @@ def test_small_records_with_encryption_and_without_compression() -> None:
     plain = KVSaver(":memory:", compress=False)
     _chat_graph(plain, "t", 3)
     assert not any(t.endswith(".zd1") for ts in _stored_types(plain).values() for t in ts)
+
+
+def test_a_version_without_a_value_stores_no_record() -> None:
+    """A channel version without a value (a graph's consumed input and
+    triggers) is stored as no record at all, which reads as the "empty"
+    marker did; a stored value overwritten by no value at the same version
+    is deleted, as InMemorySaver's overwrite makes both read empty."""
+    saver = KVSaver(":memory:")
+    _chat_graph(saver, "t", 3)
+    with saver.store.read() as txn:
+        blobs = list(txn.scan(*S.keyspace_range(S.BLOB)))
+    assert blobs and all(D.is_delta(raw) or S.decode_blob(raw) is not None for _, raw in blobs)
+    cfg = {"configurable": {"thread_id": "t"}}
+    tup = saver.get_tuple(cfg)
+    assert tup is not None
+    assert set(tup.checkpoint["channel_versions"]) > set(tup.checkpoint["channel_values"])
+
+    for s in (KVSaver(":memory:"), InMemorySaver()):
+        v = {"x": s.get_next_version(None, None)}
+        first = empty_checkpoint()
+        first["id"] = "1"
+        first["channel_values"], first["channel_versions"] = {"x": [1, 2]}, dict(v)
+        s.put(_cfg("u"), first, {}, v)
+        again = empty_checkpoint()
+        again["id"] = "2"
+        again["channel_values"], again["channel_versions"] = {}, dict(v)
+        s.put(_cfg("u", "1"), again, {}, v)
+        for cid in ("1", "2"):
+            got = s.get_tuple(_cfg("u", cid))
+            assert got is not None and got.checkpoint["channel_values"] == {}, (s, cid)
+        if isinstance(s, KVSaver):
+            with s.store.read() as txn:
+                assert list(txn.scan(*S.blobs_range("u"))) == []
