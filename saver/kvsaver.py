@@ -568,7 +568,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             ns,
             checkpoint_id,
             parent_id,
-            dumps(cp),
+            codec.dumps_small(cp),  # a small record: zstd with a dictionary (issue #15)
             get_checkpoint_metadata(config, metadata),
             dumps,
         )
@@ -627,7 +627,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         checkpoint_id = _id(checkpoint_id, "put_writes: checkpoint_id")
         task_id = _id(task_id, "put_writes: task_id")
         task_path = _id(task_path, "put_writes: task_path")
-        dumps = self.serde.dumps_typed
+        dumps = D.codec(self.serde).dumps_small  # zstd with a dictionary (issue #15)
         idxs = [WRITES_IDX_MAP.get(channel, idx) for idx, (channel, _) in enumerate(writes)]
         keys = S.write_keys(thread, ns, checkpoint_id, task_id, idxs)
         entries = [
