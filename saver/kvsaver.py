@@ -331,13 +331,16 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         rec: S.CheckpointRecord,
         config: RunnableConfig | None = None,
         metadata: CheckpointMetadata | None = None,
+        checkpoint: Checkpoint | None = None,
     ) -> CheckpointTuple:
         """A stored checkpoint record -> CheckpointTuple (blobs and writes
-        read in the same transaction). Used by get_tuple and list alike."""
+        read in the same transaction). Used by get_tuple and list alike.
+        ``checkpoint``: ``rec.checkpoint`` already decoded (``_load_page``)."""
         loads = C.loader(self.serde)
         blob = D.codec(self.serde).typed  # whole or delta (issue #15)
         thread, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
-        checkpoint: Checkpoint = loads(rec.checkpoint)
+        if checkpoint is None:
+            checkpoint = loads(rec.checkpoint)
         values: dict[str, Any] = {}
         keyed = S.blob_keys(thread, ns, checkpoint["channel_versions"])
         # Issue #14: on a network store the blobs are one get_many, and the
@@ -359,6 +362,28 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             parent_config=_config(thread, ns, rec.parent_id) if rec.parent_id else None,
             pending_writes=writes,
         )
+
+    def _load_page(
+        self, txn: Any, found: builtins.list[tuple[S.CheckpointRecord, Any]]
+    ) -> builtins.list[CheckpointTuple]:
+        """``_load_tuple`` of each (record, metadata) of a ``list`` page. On a
+        store that pipelines reads (issue #14), the page's writes scans and
+        blobs go first, all in one round trip (a constant number per page,
+        not one per checkpoint); ``_load_tuple`` then finds them read."""
+        if len(found) < 2 or not getattr(self.store, "pipelines_reads", False):
+            return [self._load_tuple(txn, rec, metadata=m) for rec, m in found]
+        loads = C.loader(self.serde)
+        checkpoints = [loads(rec.checkpoint) for rec, _ in found]
+        keys: builtins.list[bytes] = []
+        for (rec, _), cp in zip(found, checkpoints):
+            t, ns = rec.thread_id, rec.checkpoint_ns
+            txn.scan(*S.writes_range(t, ns, rec.checkpoint_id))
+            keys.extend(key for _, key in S.blob_keys(t, ns, cp["channel_versions"]))
+        txn.get_many(keys)
+        return [
+            self._load_tuple(txn, rec, metadata=m, checkpoint=cp)
+            for (rec, m), cp in zip(found, checkpoints)
+        ]
 
     # -- reads --------------------------------------------------------------
 
@@ -419,12 +444,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # (position, raw_record) in output order; position resumes a scan.
         resume: Any = None
         while True:
-            chunk: list[CheckpointTuple] = []
+            found: list[tuple[S.CheckpointRecord, Any]] = []
             last_pos: Any = None
             exhausted = True
             with self.store.read() as txn:
                 for pos, raw in sources(txn, resume):
-                    if len(chunk) >= _LIST_CHUNK and not _same_id(pos, last_pos):
+                    if len(found) >= _LIST_CHUNK and not _same_id(pos, last_pos):
                         exhausted = False
                         break
                     last_pos = pos
@@ -434,11 +459,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                         metadata = self.serde.loads_typed(rec.metadata)
                         if not _matches(metadata, filter):
                             continue
-                    chunk.append(self._load_tuple(txn, rec, metadata=metadata))
+                    found.append((rec, metadata))
                     if remaining is not None:
                         remaining -= 1
                         if remaining == 0:
                             break
+                chunk = self._load_page(txn, found)
             if chunk:
                 yield chunk
             if exhausted or remaining == 0:
