@@ -651,14 +651,15 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, blob and write of a thread, in one transaction."""
         thread = _id(thread_id, "delete_thread: thread_id")
-        with self.store.write() as txn:
-            TH.delete_thread(txn, thread)
+        # transact(): rerun on a serialization conflict (PostgreSQL), not raised.
+        self.store.transact(lambda txn: TH.delete_thread(txn, thread))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) created by the given runs,
         then the blobs no remaining checkpoint of those threads uses."""
         ids = _id_list(run_ids, "delete_for_runs(run_ids)")
-        with self.store.write() as txn:
+
+        def delete(txn: Any) -> None:  # may be rerun (transact): state lives in here
             touched: set[tuple[str, str]] = set()
             for run_id in ids:
                 for key, _ in list(txn.scan(*S.runs_range(run_id))):
@@ -673,6 +674,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             for thread, ns in sorted(touched):
                 TH.gc_blobs(txn, self.serde, thread, ns)
 
+        self.store.transact(delete)
+
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, blob and write (the complete parent chain) of
         one thread to another, in one transaction. Records already on the
@@ -681,7 +684,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         dst = _id(target_thread_id, "copy_thread: target_thread_id")
         if src == dst:
             return
-        with self.store.write() as txn:
+
+        def copy(txn: Any) -> None:
             for kind in (S.BLOB, S.WRITE):
                 sp, dp = S.thread_prefix(kind, src), S.thread_prefix(kind, dst)
                 lo, hi = (S.blobs_range if kind == S.BLOB else S.writes_range)(src)
@@ -705,6 +709,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                     txn.put(key, b"")
             TH.touch(txn, dst, R.now_ms(self.clock))
 
+        self.store.transact(copy)
+
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune threads: ``"keep_latest"`` keeps the latest checkpoint of each
         namespace with its writes and blobs; ``"delete"`` removes the threads.
@@ -717,13 +723,16 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         """
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"prune: unknown strategy {strategy!r}; use 'keep_latest' or 'delete'")
+
+        def prune_one(txn: Any, thread: str) -> None:
+            if strategy == "delete":
+                TH.delete_thread(txn, thread)
+                return
+            for ns in TH.namespaces(txn, thread):
+                TH.keep_latest(txn, self.serde, thread, ns)
+
         for thread in _id_list(thread_ids, "prune(thread_ids)"):
-            with self.store.write() as txn:
-                if strategy == "delete":
-                    TH.delete_thread(txn, thread)
-                    continue
-                for ns in TH.namespaces(txn, thread):
-                    TH.keep_latest(txn, self.serde, thread, ns)
+            self.store.transact(lambda txn, thread=thread: prune_one(txn, thread))
 
     # -- storage: retention, stats, allowlist --------------------------------------
 
