@@ -173,11 +173,13 @@ class _Queries:
         # Fails (division by zero, which no other statement of ours can raise)
         # unless every key holds the value assumed for it (NULL: absent; a
         # long value is compared by its SHA-256). Not constant-folded: the
-        # condition reads the table.
+        # condition reads the table. One index lookup per key (a correlated
+        # subquery: a join could be planned as a scan of the whole table,
+        # slow and, under SERIALIZABLE, a lock on all of it).
         self.guard = sql.SQL(
             "SELECT 1 / (NOT EXISTS (SELECT 1 FROM unnest(%b::bytea[], %b::bytea[], %b::bool[]) "
-            "AS a(k, v, h) LEFT JOIN {} AS t ON t.key = a.k WHERE "
-            "(CASE WHEN a.h THEN sha256(t.value) ELSE t.value END) IS DISTINCT FROM a.v))::int"
+            "AS a(k, v, h) WHERE (SELECT CASE WHEN a.h THEN sha256(t.value) ELSE t.value END "
+            "FROM {} AS t WHERE t.key = a.k) IS DISTINCT FROM a.v))::int"
         ).format(t)
         self.create = sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (key bytea PRIMARY KEY, value bytea NOT NULL)"
@@ -533,8 +535,8 @@ class _PGTxn:
                         self._xid.cur = self._conn.cursor()
                         self._xid.cur.execute(_XID)
                 self._cur.execute("COMMIT")
-                if with_xid:
-                    self._xid.rows = self._xid.cur.fetchall()
+            if with_xid:  # after the pipeline: fetched inside, it would wait for a Flush
+                self._xid.rows = self._xid.cur.fetchall()
         except Exception as e:
             lost = _classify(e) == "lost" or self._conn.broken or self._conn.closed
             if not lost:

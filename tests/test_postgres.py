@@ -65,8 +65,10 @@ def _kill_sessions(url: str, table: str | None = None) -> int:
 
 class TracedPool:
     """A one-connection pool whose connection writes libpq's protocol trace
-    to a file: every client Sync message is one round trip (the client then
-    waits for the server), counted independently of the store's code."""
+    to a file: a round trip is a run of client messages that ends in a Sync
+    or a Flush (the client then waits for the server's answer; a Flush in
+    the middle of a pipeline is a round trip too), counted independently of
+    the store's code."""
 
     def __init__(self, url: str) -> None:
         self.trace = tempfile.TemporaryFile()
@@ -87,9 +89,16 @@ class TracedPool:
         fn()
         self.trace.seek(0)
         lines = self.trace.read().decode(errors="replace").splitlines()
-        syncs = sum(1 for ln in lines if ln.startswith("F\t") and "\tSync" in ln)
+        waits, run = 0, False  # run: client messages since the last server message
+        for ln in lines:
+            if ln.startswith("F\t"):
+                if ("\tSync" in ln or "\tFlush" in ln) and not run:
+                    waits += 1
+                    run = True
+            elif ln.startswith("B\t"):
+                run = False
         queries = sum(1 for ln in lines if ln.startswith("F\t") and "\tExecute" in ln)
-        return syncs, queries
+        return waits, queries
 
     def close(self) -> None:
         self.pool.close()
