@@ -18,6 +18,7 @@ import inspect
 import os
 import random
 import time
+from collections import OrderedDict
 from collections.abc import (
     AsyncIterator,
     Callable,
@@ -216,6 +217,11 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # Reads that never wait on a disk sync, a lock or a writer (a memory-
         # mapped LMDB file, memory): aget_tuple runs them on the event loop.
         self._inline_reads = bool(getattr(self.store, "nonblocking_reads", False))
+        # Issue #14: (thread, ns) -> (id, channel_versions) of the last put here,
+        # on a store that pipelines reads (get_tuple guesses its reads from it).
+        self._last_put: OrderedDict[tuple[str, str], tuple[str, Any]] | None = (
+            OrderedDict() if getattr(self.store, "pipelines_reads", False) else None
+        )
         try:
             self._check_schema()
         except BaseException:
@@ -393,12 +399,32 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         thread, ns, conf = _thread_ns(config, "get_tuple")
         checkpoint_id = conf.get("checkpoint_id")
         with self.store.read() as txn:
+            if self._last_put is not None:
+                self._guess_reads(txn, thread, ns, checkpoint_id)
             raw = TH.find_record(txn, thread, ns, checkpoint_id)
             if raw is None:
                 return None
             return self._load_tuple(
                 txn, S.decode_checkpoint(raw), config if checkpoint_id else None
             )
+
+    def _guess_reads(self, txn: Any, thread: str, ns: str, checkpoint_id: Any) -> None:
+        """Issue #14, on a store that pipelines reads: when this saver wrote
+        the checkpoint asked for (the thread's latest, as far as it knows),
+        queue the record's read, its writes scan and its blobs together, so
+        ``get_tuple`` is one round trip when the guess holds (what it then
+        reads is found read); a wrong guess costs bytes, not a round trip."""
+        guess = self._last_put.get((thread, ns)) if self._last_put is not None else None
+        if guess is None or (checkpoint_id and str(checkpoint_id) != guess[0]):
+            return
+        cid, versions = guess
+        keys = [key for _, key in S.blob_keys(thread, ns, versions)]
+        if checkpoint_id:
+            keys.append(S.checkpoint_key(thread, ns, cid))
+        else:
+            txn.scan(*S.checkpoints_range(thread, ns), reverse=True, limit=1)
+        txn.scan(*S.writes_range(thread, ns, cid))
+        txn.get_many(keys)
 
     def list(
         self,
@@ -593,6 +619,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # transact(): concurrent puts share one commit and one sync.
         self.store.transact(write)
         codec.remember(thread, ns, checkpoint_id, cp.get("channel_versions"))
+        if self._last_put is not None:
+            _remember_put(self._last_put, (thread, ns), checkpoint_id, cp.get("channel_versions"))
         self._sweeper.maybe_step(self)  # retention: a bounded step when one is due
         return _config(thread, ns, checkpoint_id)
 
@@ -1081,6 +1109,20 @@ class _Opening(AbstractContextManager, AbstractAsyncContextManager):
 
 
 # -- list helpers ---------------------------------------------------------------
+
+
+def _remember_put(
+    memo: OrderedDict[tuple[str, str], tuple[str, Any]], at: tuple[str, str], cid: str, vs: Any
+) -> None:
+    latest = memo.get(at)
+    if latest is None or latest[0] <= cid:  # ids grow: a put of an older one is no latest
+        memo[at] = (cid, dict(vs or {}))
+        try:  # puts from several threads: a guess, no need for a lock
+            memo.move_to_end(at)
+            while len(memo) > 4096:
+                memo.popitem(last=False)
+        except KeyError:
+            pass
 
 
 def _matches(metadata: Mapping[str, Any], filter: Mapping[str, Any]) -> bool:

@@ -120,7 +120,8 @@ def _chat(saver: KVSaver, thread: str, n: int) -> list[str]:
 def test_round_trips_per_operation(postgres_url: str, table: str) -> None:
     """get_tuple = 2 round trips (BEGIN + the record's reverse scan; the
     writes scan + the blobs' get_many; its ROLLBACK travels with the next
-    transaction's first statement); put and put_writes = 1, COMMIT included
+    transaction's first statement), 1 for the latest checkpoint when this
+    saver wrote it (all three queued together); put and put_writes = 1, COMMIT included
     (their reads answered from the store's cache, verified by a guard in the
     same pipeline); list of a page = 2 (the records' scan; every writes scan
     and blob of the page). Counted from libpq's trace."""
@@ -130,8 +131,10 @@ def test_round_trips_per_operation(postgres_url: str, table: str) -> None:
         _chat(saver, "t", 20)
         saver.put_writes(config("t", "", "0019"), [("a", 1), ("b", 2)], "task")
         latest = config("t")
+        other = KVSaver(PostgresStore(traced.pool, table=table))  # wrote nothing: no guess
         figures = {
             "get_tuple (latest)": traced.count(lambda: saver.get_tuple(latest)),
+            "get_tuple (latest, another saver)": traced.count(lambda: other.get_tuple(latest)),
             "get_tuple (by id)": traced.count(lambda: saver.get_tuple(config("t", "", "0010"))),
             "put": traced.count(
                 lambda: saver.put(
@@ -148,7 +151,8 @@ def test_round_trips_per_operation(postgres_url: str, table: str) -> None:
         }
         print("\nround trips, statements per operation:", json.dumps(figures))
         assert saver.get_tuple(latest).pending_writes == [("t2", "a", 1), ("t2", "b", 2)]
-        assert figures["get_tuple (latest)"][0] == 2
+        assert figures["get_tuple (latest)"][0] == 1
+        assert figures["get_tuple (latest, another saver)"][0] == 2
         assert figures["get_tuple (by id)"][0] == 2
         assert figures["put"][0] == 1  # BEGIN, guard, writes, COMMIT: one pipeline
         assert figures["put_writes"][0] == 1
@@ -618,6 +622,11 @@ def test_two_savers_writing_one_thread_in_turn_stay_exact(postgres_url: str, tab
             saver.put_writes(config("t", "", cid), [("w", i)], f"task{i}")
             expected[cid] = values
             parent = cid
+            for reader in (a, b):  # one of them guesses its own, older latest
+                got = reader.get_tuple(config("t"))
+                assert got is not None and got.checkpoint["id"] == cid
+                assert got.checkpoint["channel_values"] == values
+                assert got.pending_writes == [(f"task{i}", "w", i)]
         for cid, values in expected.items():
             got = c.get_tuple(config("t", "", cid))
             assert got is not None and got.checkpoint["channel_values"] == values
