@@ -41,6 +41,18 @@ Round trips (what a network costs; counted by tests/test_postgres.py)
     chunks (``WHERE key > last ORDER BY key LIMIT n``), never the whole range
     at once; ``limit`` bounds the first chunk.
 
+Speculation (``transact`` only; ``speculate=False`` turns it off)
+    A write transaction's first reads are answered from a cache of what this
+    process's committed write transactions wrote and read (a key not in it is
+    assumed absent, as a new checkpoint's keys are), with no round trip. A
+    guard statement sent first in the committing pipeline checks, under
+    SERIALIZABLE and with one index lookup per key, that each of those keys
+    still holds the value assumed; when one does not, the transaction fails
+    whole and ``fn`` is rerun at once, reading from the server. So a KVSaver
+    ``put`` or ``put_writes`` is one round trip, ``BEGIN`` to ``COMMIT``,
+    when this process wrote the thread's last checkpoint, and a wrong guess
+    (another machine wrote it) costs a rerun, never a wrong write.
+
 Faults
     A dropped connection or a server restart: the first statement of a
     transaction is resent on a new connection (nothing was committed or
@@ -771,7 +783,8 @@ class _WriteContext:
 class PostgresStore:
     """An ordered ``Store`` in one PostgreSQL table, shared by every process
     and machine that opens it. ``pipelines_reads``: a scan's first chunk is
-    queued until the next round trip (see ``kv.store``).
+    queued until the next round trip; ``write_conflicts``: a write transaction
+    can fail on a conflict with another writer (see ``kv.store``).
 
     Args:
         conninfo_or_pool: a connection string or URL (``postgresql://...``), or
@@ -793,6 +806,7 @@ class PostgresStore:
     """
 
     pipelines_reads = True
+    write_conflicts = True
 
     def __init__(
         self,

@@ -679,8 +679,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, blob and write of a thread, in one transaction."""
         thread = _id(thread_id, "delete_thread: thread_id")
-        # transact(): rerun on a serialization conflict (PostgreSQL), not raised.
-        self.store.transact(lambda txn: TH.delete_thread(txn, thread))
+        self._maintain(lambda txn: TH.delete_thread(txn, thread))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) created by the given runs,
@@ -702,7 +701,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             for thread, ns in sorted(touched):
                 TH.gc_blobs(txn, self.serde, thread, ns)
 
-        self.store.transact(delete)
+        self._maintain(delete)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, blob and write (the complete parent chain) of
@@ -737,7 +736,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                     txn.put(key, b"")
             TH.touch(txn, dst, R.now_ms(self.clock))
 
-        self.store.transact(copy)
+        self._maintain(copy)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune threads: ``"keep_latest"`` keeps the latest checkpoint of each
@@ -760,7 +759,19 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 TH.keep_latest(txn, self.serde, thread, ns)
 
         for thread in _id_list(thread_ids, "prune(thread_ids)"):
-            self.store.transact(lambda txn, thread=thread: prune_one(txn, thread))
+            self._maintain(lambda txn, thread=thread: prune_one(txn, thread))
+
+    def _maintain(self, fn: Callable[[Any], None]) -> None:
+        """One maintenance transaction. On a store whose write transactions
+        can conflict (PostgreSQL: ``write_conflicts``) through ``transact()``,
+        which reruns ``fn`` on a conflict instead of raising; elsewhere one
+        ``write()`` (on LMDB, transact's nested transaction would need free
+        pages that a full store, which a delete is there to relieve, lacks)."""
+        if getattr(self.store, "write_conflicts", False):
+            self.store.transact(fn)
+            return
+        with self.store.write() as txn:
+            fn(txn)
 
     # -- storage: retention, stats, allowlist --------------------------------------
 
