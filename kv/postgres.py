@@ -188,11 +188,23 @@ class _Queries:
         # condition reads the table. One index lookup per key (a correlated
         # subquery: a join could be planned as a scan of the whole table,
         # slow and, under SERIALIZABLE, a lock on all of it).
-        self.guard = sql.SQL(
-            "SELECT 1 / (NOT EXISTS (SELECT 1 FROM unnest(%b::bytea[], %b::bytea[], %b::bool[]) "
+        check = sql.SQL(
+            "1 / (NOT EXISTS (SELECT 1 FROM unnest(%b::bytea[], %b::bytea[], %b::bool[]) "
             "AS a(k, v, h) WHERE (SELECT CASE WHEN a.h THEN sha256(t.value) ELSE t.value END "
             "FROM {} AS t WHERE t.key = a.k) IS DISTINCT FROM a.v))::int"
         ).format(t)
+        self.guard = sql.SQL("SELECT ") + check
+        # A write-only transaction's one statement (with BEGIN and COMMIT
+        # around it: fewer statements, fewer packets and wake-ups): its id,
+        # the guard, then the upserts and deletes, which run only when the
+        # guard passed (one snapshot: the guard sees the table before them).
+        self.write_all = sql.SQL(
+            "WITH g AS MATERIALIZED (SELECT txid_current() AS xid, {} AS ok), "
+            "u AS (INSERT INTO {} (key, value) SELECT * FROM unnest(%b::bytea[], %b::bytea[]) "
+            "WHERE (SELECT ok FROM g) = 1 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value), "
+            "d AS (DELETE FROM {} WHERE key = ANY(%b::bytea[]) AND (SELECT ok FROM g) = 1) "
+            "SELECT xid FROM g"
+        ).format(check, t, t)
         self.create = sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (key bytea PRIMARY KEY, value bytea NOT NULL)"
         ).format(t)
@@ -505,19 +517,19 @@ class _PGTxn:
     def finish(self, commit: bool) -> None:
         """COMMIT (with the buffered writes, one round trip) or ROLLBACK."""
         self._open = False
+        if commit and not self._begun and not self._queue and not self.lost:
+            # Only writes (and guesses), no read: BEGIN, one statement doing
+            # them all, and COMMIT, in one go.
+            one = self._write_all()
+            if one is not None:
+                self._commit_first([one], xid_in=True)
+            elif self._pre_rollback:
+                self._rollback_quietly()
+            return
         writes = self._guard_statements() + self._unsent_writes() if commit else []
         if not self._begun or self.lost:
             if writes and not self.lost:
-                # Only writes, no read: BEGIN, the writes and COMMIT in one go.
-                # On a connection the server already ended (a restart), send
-                # nothing: a new one, or a clear "not committed".
-                if _ended(self._conn) and not self._store._reconnect(self):
-                    self.failed = StoreUnavailableError(
-                        "commit: PostgreSQL unavailable; the transaction was not sent"
-                    )
-                    raise self.failed
-                first = [("ROLLBACK", None)] if self._pre_rollback else []
-                self._commit([*first, (self._begin, None), *writes], xid_after=len(first))
+                self._commit_first(writes, xid_in=False)
             elif self._pre_rollback and not self.lost:
                 self._rollback_quietly()
             return
@@ -530,20 +542,55 @@ class _PGTxn:
         except Exception:
             self.lost = True  # the server rolls back a broken session itself
 
-    def _commit(self, pre: list[tuple[Any, Any]], xid_after: int | None = None) -> None:
+    def _commit_first(self, writes: list[tuple[Any, Any]], *, xid_in: bool) -> None:
+        """Commit a transaction that has sent nothing yet. On a connection the
+        server already ended (a restart), send nothing: a new connection, or
+        a clear "not committed"."""
+        if _ended(self._conn) and not self._store._reconnect(self):
+            self.failed = StoreUnavailableError(
+                "commit: PostgreSQL unavailable; the transaction was not sent"
+            )
+            raise self.failed
+        first = [("ROLLBACK", None)] if self._pre_rollback else []
+        self._commit([*first, (self._begin, None), *writes], xid_after=len(first), xid_in=xid_in)
+
+    def _write_all(self) -> tuple[Any, Any] | None:
+        """The one statement of a write-only transaction (None: nothing to do)."""
+        if not self._assumed and not self._dirty:
+            return None
+        ak, av, ah = [], [], []
+        for k, v in self._assumed.items():
+            big = v is not None and len(v) > _HASH_OVER
+            ak.append(k)
+            av.append(hashlib.sha256(v).digest() if big and v is not None else v)
+            ah.append(big)
+        self._assumed = {}
+        puts = [(k, v) for k, v in self._dirty.items() if v is not None]
+        dels = [k for k, v in self._dirty.items() if v is None]
+        params = (ak, av, ah, [k for k, _ in puts], [v for _, v in puts], dels)
+        return self._q.write_all, params
+
+    def _commit(
+        self, pre: list[tuple[Any, Any]], xid_after: int | None = None, xid_in: bool = False
+    ) -> None:
         """The buffered writes and COMMIT in one pipeline (one round trip). An
         error the server reports aborts the transaction (nothing committed).
         A connection lost on the way: the transaction's id, fetched with its
         first statement, is looked up on a new connection (txid_status), so
         the outcome is known unless the server cannot be reached."""
         with_xid = xid_after is not None
-        self._store._statements += 1 + len(pre) + with_xid
+        self._store._statements += 1 + len(pre) + (with_xid and not xid_in)
         self._store._round_trips += 1
         try:
             with self._conn.pipeline():
                 for i, (q, params) in enumerate(pre):
+                    if xid_in and xid_after is not None and i == xid_after + 1:
+                        # this statement's result is the transaction's id
+                        self._xid.cur = self._conn.cursor()
+                        self._xid.cur.execute(q, params)
+                        continue
                     self._cur.execute(q, params)
-                    if i == xid_after:
+                    if i == xid_after and not xid_in:
                         self._xid.cur = self._conn.cursor()
                         self._xid.cur.execute(_XID)
                 self._cur.execute("COMMIT")
