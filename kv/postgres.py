@@ -79,6 +79,7 @@ import hashlib
 import os
 import random
 import select
+import struct
 import threading
 import time
 import weakref
@@ -209,8 +210,20 @@ class _Queries:
             "CREATE TABLE IF NOT EXISTS {} (key bytea PRIMARY KEY, value bytea NOT NULL)"
         ).format(t)
         self._sql = sql
+        self._rendered = False
         self._scans: dict[tuple[bool, bool, bool], Any] = {}
         self._deletes: dict[tuple[bool, bool], Any] = {}
+
+    def render(self, conn: Any) -> None:
+        """The fixed statements as bytes, composed once (psycopg would compose
+        a ``Composed`` again at every execute)."""
+        if self._rendered:
+            return
+        for name in ("get", "get_many", "upsert", "delete_many", "guard", "write_all"):
+            q = getattr(self, name)
+            if not isinstance(q, bytes):  # two threads may render at once: the same bytes
+                setattr(self, name, q.as_bytes(conn))
+        self._rendered = True
 
     def _where(self, has_start: bool, has_stop: bool) -> Any:
         sql = self._sql
@@ -244,6 +257,68 @@ class _Queries:
 
 
 _BIG = object()  # a key whose value is too long to cache: never guessed
+
+
+class _ByteaArray(bytes):
+    """A ``bytea[]`` in PostgreSQL's binary array format, built here: psycopg's
+    list dumper looks up each element's type, a good part of a put's CPU."""
+
+    __slots__ = ()
+
+
+class _BoolArray(bytes):
+    """A ``bool[]`` in the binary array format."""
+
+    __slots__ = ()
+
+
+_HEAD = struct.Struct("!iiiii")  # ndim 1, has nulls, element oid, length, lower bound
+_LEN = struct.Struct("!i")
+_NULL = _LEN.pack(-1)
+
+
+def _bytea_array(items: Sequence[bytes | None]) -> _ByteaArray:
+    if not items:
+        return _ByteaArray(struct.pack("!iii", 0, 0, 17))  # empty: no dimension
+    parts = [_HEAD.pack(1, any(v is None for v in items), 17, len(items), 1)]
+    for v in items:
+        if v is None:
+            parts.append(_NULL)
+        else:
+            parts.append(_LEN.pack(len(v)))
+            parts.append(v)
+    return _ByteaArray(b"".join(parts))
+
+
+def _bool_array(items: Sequence[bool]) -> _BoolArray:
+    if not items:
+        return _BoolArray(struct.pack("!iii", 0, 0, 16))
+    body = b"".join(b"\x00\x00\x00\x01\x01" if v else b"\x00\x00\x00\x01\x00" for v in items)
+    return _BoolArray(_HEAD.pack(1, 0, 16, len(items), 1) + body)
+
+
+_DUMPERS: list[tuple[type, type]] = []
+
+
+def _register_arrays(conn: Any) -> None:
+    """Teach a connection to send our arrays as they are (bytea[]: oid 1001,
+    bool[]: oid 1000, binary)."""
+    if not _DUMPERS:
+        from psycopg import pq
+        from psycopg.adapt import Dumper
+
+        for cls, oid in ((_ByteaArray, 1001), (_BoolArray, 1000)):
+
+            class ArrayDumper(Dumper):
+                format = pq.Format.BINARY
+
+                def dump(self, obj: Any) -> Any:
+                    return obj
+
+            ArrayDumper.oid = oid
+            _DUMPERS.append((cls, ArrayDumper))
+    for cls, dumper in _DUMPERS:
+        conn.adapters.register_dumper(cls, dumper)
 
 
 class _Cache:
@@ -495,7 +570,7 @@ class _PGTxn:
             values.append(hashlib.sha256(v).digest() if big and v is not None else v)
             hashed.append(big)
         self._assumed = {}
-        return [(self._q.guard, (keys, values, hashed))]
+        return [(self._q.guard, (_bytea_array(keys), _bytea_array(values), _bool_array(hashed)))]
 
     def _flush_statements(self) -> list[tuple[Any, Any]]:
         if not self._dirty:
@@ -504,9 +579,10 @@ class _PGTxn:
         dels = [k for k, v in self._dirty.items() if v is None]
         out: list[tuple[Any, Any]] = []
         if puts:
-            out.append((self._q.upsert, ([k for k, _ in puts], [v for _, v in puts])))
+            params = (_bytea_array([k for k, _ in puts]), _bytea_array([v for _, v in puts]))
+            out.append((self._q.upsert, params))
         if dels:
-            out.append((self._q.delete_many, (dels,)))
+            out.append((self._q.delete_many, (_bytea_array(dels),)))
         return out
 
     def _unsent_writes(self) -> list[tuple[Any, Any]]:
@@ -567,7 +643,11 @@ class _PGTxn:
         self._assumed = {}
         puts = [(k, v) for k, v in self._dirty.items() if v is not None]
         dels = [k for k, v in self._dirty.items() if v is None]
-        params = (ak, av, ah, [k for k, _ in puts], [v for _, v in puts], dels)
+        params = (
+            *(_bytea_array(ak), _bytea_array(av), _bool_array(ah)),
+            *(_bytea_array([k for k, _ in puts]), _bytea_array([v for _, v in puts])),
+            _bytea_array(dels),
+        )
         return self._q.write_all, params
 
     def _commit(
@@ -654,7 +734,7 @@ class _PGTxn:
         known = self._known
         missing = [k for k in dict.fromkeys(keys) if k not in known and len(k) <= MAX_KEY]
         if missing and not (self.speculate and self._assume(missing)):
-            found = dict(self._run(self._q.get_many, (missing,)).fetchall())
+            found = dict(self._run(self._q.get_many, (_bytea_array(missing),)).fetchall())
             for k in missing:
                 known[k] = found.get(k)
         return [known.get(k) for k in keys]
@@ -890,6 +970,7 @@ class PostgresStore:
         self._reaper: threading.Thread | None = None
         self._statements = 0  # statements sent (tests count round trips with these)
         self._cache = _Cache()
+        self._adapted: weakref.WeakSet[Any] = weakref.WeakSet()
         self._misses = 0.0  # moving average of failed speculations
         self.speculations = [0, 0]  # transact calls that speculated: [held, failed]
         self._round_trips = 0
@@ -977,6 +1058,10 @@ class PostgresStore:
         # No server-side prepared statements: after an error inside a pipeline
         # psycopg's cache can name a statement whose PREPARE was skipped.
         conn.prepare_threshold = None
+        if conn not in self._adapted:  # our arrays go as they are (_bytea_array)
+            _register_arrays(conn)
+            self._adapted.add(conn)
+            self._q.render(conn)
         return conn
 
     def _putconn(self, conn: Any, lost: bool) -> None:
