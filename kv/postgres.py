@@ -628,6 +628,9 @@ class _PGTxn:
             )
             raise self.failed
         first = [("ROLLBACK", None)] if self._pre_rollback else []
+        if xid_in and self._store._serializable.get(self._conn, False):
+            self._commit([*first, *writes], len(first) - 1, xid_in=True, implicit=True)
+            return
         self._commit([*first, (self._begin, None), *writes], xid_after=len(first), xid_in=xid_in)
 
     def _write_all(self) -> tuple[Any, Any] | None:
@@ -651,17 +654,29 @@ class _PGTxn:
         return self._q.write_all, params
 
     def _commit(
-        self, pre: list[tuple[Any, Any]], xid_after: int | None = None, xid_in: bool = False
+        self,
+        pre: list[tuple[Any, Any]],
+        xid_after: int | None = None,
+        xid_in: bool = False,
+        implicit: bool = False,
     ) -> None:
         """The buffered writes and COMMIT in one pipeline (one round trip). An
         error the server reports aborts the transaction (nothing committed).
         A connection lost on the way: the transaction's id, fetched with its
         first statement, is looked up on a new connection (txid_status), so
-        the outcome is known unless the server cannot be reached."""
+        the outcome is known unless the server cannot be reached.
+        ``implicit``: ``pre`` is one statement that is a whole transaction by
+        itself (autocommit, a SERIALIZABLE session), after ``ROLLBACK`` of a
+        lingering read if any: no BEGIN, no COMMIT."""
         with_xid = xid_after is not None
-        self._store._statements += 1 + len(pre) + (with_xid and not xid_in)
+        self._store._statements += (not implicit) + len(pre) + (with_xid and not xid_in)
         self._store._round_trips += 1
         try:
+            if implicit and len(pre) == 1:  # one statement: no pipeline needed
+                self._xid.cur = self._conn.cursor()
+                self._xid.cur.execute(*pre[0])
+                self._xid.rows = self._xid.cur.fetchall()
+                return
             with self._conn.pipeline():
                 for i, (q, params) in enumerate(pre):
                     if xid_in and xid_after is not None and i == xid_after + 1:
@@ -673,13 +688,15 @@ class _PGTxn:
                     if i == xid_after and not xid_in:
                         self._xid.cur = self._conn.cursor()
                         self._xid.cur.execute(_XID)
-                self._cur.execute("COMMIT")
+                if not implicit:
+                    self._cur.execute("COMMIT")
             if with_xid:  # after the pipeline: fetched inside, it would wait for a Flush
                 self._xid.rows = self._xid.cur.fetchall()
         except Exception as e:
             lost = _classify(e) == "lost" or self._conn.broken or self._conn.closed
             if not lost:
-                self._rollback_quietly()
+                if not implicit:  # an implicit transaction ended with its statement
+                    self._rollback_quietly()
                 self.failed = self._guard_failed(e) or _translate(e, "commit")
                 raise self.failed from e
             self.lost = True
@@ -976,6 +993,9 @@ class PostgresStore:
         self._round_trips = 0
         self._pid = os.getpid()
         self.pool_timeout = pool_timeout
+        # Connections whose sessions are SERIALIZABLE by default (our own
+        # pool's, checked once each): a write-only transaction is one statement.
+        self._serializable: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         if isinstance(conninfo_or_pool, ConnectionPool):
             self._owns_pool = False
             self._pool = conninfo_or_pool
@@ -985,10 +1005,13 @@ class PostgresStore:
             self._owns_pool = True
             self.conninfo = conninfo_or_pool
             ms = int(statement_timeout * 1000)
+            # SERIALIZABLE by default in our own sessions: a write-only
+            # transaction is then one statement, no BEGIN and COMMIT around it.
             kwargs = {
                 "autocommit": True,
                 "connect_timeout": max(2, int(connect_timeout)),
-                "options": f"-c statement_timeout={ms}",
+                "options": f"-c statement_timeout={ms} "
+                "-c default_transaction_isolation=serializable",
             }
             options: dict[str, Any] = {
                 "min_size": min_size,
@@ -1062,6 +1085,13 @@ class PostgresStore:
             _register_arrays(conn)
             self._adapted.add(conn)
             self._q.render(conn)
+            if self._owns_pool:
+                try:
+                    row = conn.execute("SHOW default_transaction_isolation").fetchone()
+                except Exception as e:
+                    self._putconn(conn, lost=True)
+                    raise _translate(e, "connect") from e
+                self._serializable[conn] = bool(row and row[0] == "serializable")
         return conn
 
     def _putconn(self, conn: Any, lost: bool) -> None:

@@ -77,6 +77,8 @@ class TracedPool:
             conn.pgconn.trace(self.trace.fileno())
             conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
 
+        self.configure = configure  # also for a store's own pool (pool_options)
+
         self.pool = ConnectionPool(
             url, min_size=1, max_size=1, kwargs={"autocommit": True}, configure=configure
         )
@@ -126,12 +128,12 @@ def test_round_trips_per_operation(postgres_url: str, table: str) -> None:
     same pipeline); list of a page = 2 (the records' scan; every writes scan
     and blob of the page). Counted from libpq's trace."""
     traced = TracedPool(postgres_url)
+    saver = KVSaver(PostgresStore(traced.pool, table=table))
+    other = KVSaver(PostgresStore(traced.pool, table=table))  # wrote nothing: no guess
     try:
-        saver = KVSaver(PostgresStore(traced.pool, table=table))
         _chat(saver, "t", 20)
         saver.put_writes(config("t", "", "0019"), [("a", 1), ("b", 2)], "task")
         latest = config("t")
-        other = KVSaver(PostgresStore(traced.pool, table=table))  # wrote nothing: no guess
         figures = {
             "get_tuple (latest)": traced.count(lambda: saver.get_tuple(latest)),
             "get_tuple (latest, another saver)": traced.count(lambda: other.get_tuple(latest)),
@@ -159,7 +161,29 @@ def test_round_trips_per_operation(postgres_url: str, table: str) -> None:
         assert figures["list (limit 10)"][0] == 2  # the records; the page's writes and blobs
         held, failed = saver.store.speculations
         assert failed == 0 and held >= 20
+
+        # A store on its own pool: its sessions are SERIALIZABLE by default, so
+        # a write-only transaction is a single statement (no BEGIN, no COMMIT).
+        own = KVSaver(
+            PostgresStore(
+                postgres_url, table=table, max_size=1, pool_options={"configure": traced.configure}
+            )
+        )
+        try:
+            own.put(config("t", "", "0020"), make_checkpoint("0021", {}, {}), {}, {})
+            put = traced.count(
+                lambda: own.put(config("t", "", "0021"), make_checkpoint("0022", {}, {}), {}, {})
+            )
+            writes = traced.count(lambda: own.put_writes(config("t", "", "0022"), [("a", 1)], "t3"))
+            print("own pool: put, put_writes:", put, writes)
+            assert put == (1, 1) and writes == (1, 1)
+        finally:
+            own.store.close()  # a passed-in store is not closed by the saver
     finally:
+        # The stores first: a read's connection lingering in one of them would
+        # outlive the pool and write its trace into a closed, reused descriptor.
+        for one in (saver, other):
+            one.store.close()
         traced.close()
 
 
