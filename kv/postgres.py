@@ -674,7 +674,9 @@ class _PGTxn:
         try:
             if implicit and len(pre) == 1:  # one statement: no pipeline needed
                 self._xid.cur = self._conn.cursor()
-                self._xid.cur.execute(*pre[0])
+                # Prepared (planned once per connection, as PostgresSaver's
+                # statements are); only here, outside any pipeline.
+                self._xid.cur.execute(*pre[0], prepare=True)
                 self._xid.rows = self._xid.cur.fetchall()
                 return
             with self._conn.pipeline():
