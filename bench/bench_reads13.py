@@ -27,7 +27,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import ormsgpack
 import pytest
+import zstandard
 from _workloads import (
     KV_LMDB,
     R13_FILTER,
@@ -40,6 +42,9 @@ from _workloads import (
     median,
     rotated,
 )
+from kvsaver import delta as D
+from kvsaver import schema as S
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 QUICK = bool(os.environ.get("KVSAVER_BENCH_QUICK"))
 THREADS = 100 if QUICK else R13_THREADS
@@ -71,10 +76,92 @@ def stores13(tmp_path_factory: Any) -> Any:
         shutil.rmtree(dirs[name], ignore_errors=True)
 
 
+FLOOR = "floor:lmdb+serde"
+
+
+def floor_reader(st: Store13, workload: str) -> Callable[[int], Any]:
+    """The floor of a read on KVSaver's layout: a raw py-lmdb read
+    transaction that fetches exactly the records KVSaver fetches (a latest
+    record by one reverse cursor step, a record by key, or a thread's 10
+    records by a reverse cursor walk; each checkpoint's channel blobs and its
+    pending writes' range) and decodes them with the serializer alone (zstd +
+    JsonPlusSerializer.loads_typed), with every key built in advance: no
+    saver or kv code runs in the timed call."""
+    saver: Any = st.saver
+    env = saver.store._env.env
+    serde = JsonPlusSerializer()
+    dz = zstandard.ZstdDecompressor()
+    codec = D.codec(saver.serde)
+    plans = []
+    for cfg in st.by_id if workload == "get_tuple:by_id" else st.latest:
+        thread = cfg["configurable"]["thread_id"]
+        if workload == "list:limit10":
+            tuples = list(saver.list(cfg, limit=10))
+            where = S.checkpoints_range(thread, "")[1]
+        else:
+            tuples = [saver.get_tuple(cfg)]
+            cid = tuples[0].config["configurable"]["checkpoint_id"]
+            where = S.checkpoints_range(thread, "")[1]
+            if workload == "get_tuple:by_id":
+                where = S.checkpoint_key(thread, "", cid)
+        per = []
+        for tup in tuples:
+            cid = tup.config["configurable"]["checkpoint_id"]
+            versions = tup.checkpoint["channel_versions"]
+            blobs = [S.blob_key(thread, "", ch, v) for ch, v in versions.items()]
+            per.append((blobs, S.writes_range(thread, "", cid)))
+        plans.append((workload == "get_tuple:by_id", where, per))
+
+    def load(typ: str, body: bytes) -> Any:
+        if typ.endswith(".zst"):
+            typ, body = typ[:-4], dz.decompress(body)
+        return serde.loads_typed((typ, body))
+
+    def one(txn: Any, raw: bytes, blobs: list[bytes], wrange: tuple[bytes, bytes]) -> Any:
+        rec = ormsgpack.unpackb(raw)
+        checkpoint = load(rec[4], rec[5])
+        values = {}
+        for ch, key in zip(checkpoint["channel_versions"], blobs):
+            b = txn.get(key)
+            if b[:1] == D.MARK:  # a delta (none in this store's latest states)
+                values[ch] = load(*codec.typed(txn, key, b))
+            else:
+                typ, _, body = b.partition(b"\x00")
+                values[ch] = load(typ.decode(), body)
+        writes = []
+        cur = txn.cursor()
+        if cur.set_range(wrange[0]):
+            for key, w in cur:
+                if key >= wrange[1]:
+                    break
+                task, channel, wt, wb, _, _ = ormsgpack.unpackb(w)
+                writes.append((task, channel, load(wt, wb)))
+        return checkpoint, values, load(rec[6], rec[7]), writes
+
+    def read(i: int) -> Any:
+        by_key, where, per = plans[i % len(plans)]
+        with env.begin() as txn:
+            if by_key:
+                return [one(txn, txn.get(where), *per[0])]
+            cur = txn.cursor()
+            cur.set_range(where)
+            out = []
+            for blobs, wrange in per:
+                cur.prev()
+                out.append(one(txn, cur.value(), blobs, wrange))
+            return out
+
+    return read
+
+
 @pytest.mark.parametrize("workload", list(WORKLOADS))
 def test_reads13(benchmark: Any, stores13: dict[str, Store13], workload: str) -> None:
     op, n, rounds = WORKLOADS[workload]
     names = list(stores13)
+    floor = None
+    if workload != "list:filter":
+        floor = floor_reader(stores13[KV_LMDB], workload)
+        names.append(FLOOR)
     wall: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
     counter = itertools.count()
@@ -82,11 +169,16 @@ def test_reads13(benchmark: Any, stores13: dict[str, Store13], workload: str) ->
 
     def one_round(r: int) -> None:
         for name in rotated(names, r):
-            st = stores13[name]
             first = next(calls[name]) * n
             w0, c0 = time.perf_counter(), time.thread_time()
-            for i in range(first, first + n):
-                op(st, i)
+            if name == FLOOR:
+                assert floor is not None
+                for i in range(first, first + n):
+                    floor(i)
+            else:
+                st = stores13[name]
+                for i in range(first, first + n):
+                    op(st, i)
             w, c = time.perf_counter() - w0, time.thread_time() - c0
             if r > 0:  # round 0 is the warm-up
                 wall[name].append(w / n)

@@ -61,7 +61,7 @@ from typing import Any
 
 from .store import CorruptStoreError
 
-__all__ = ["Element", "MalformedKeyError", "pack", "prefix_range", "unpack"]
+__all__ = ["Element", "MalformedKeyError", "pack", "prefix_range", "split", "unpack"]
 
 Element = Any  # None | bytes | str | int | float | bool
 
@@ -250,6 +250,23 @@ def unpack(key: bytes) -> tuple:
         else:
             raise MalformedKeyError(f"malformed key: unknown type code 0x{code:02x} at {pos - 1}")
     return tuple(out)
+
+
+def split(key: bytes, start: int = 0) -> list[bytes]:
+    """The packed bytes of each element of ``key[start:]``, undecoded:
+    ``split(pack(t)) == [pack((e,)) for e in t]``. Reordering elements of one
+    key into another (an index entry -> the record it points at) is then
+    concatenation, with no decode and re-encode of each string."""
+    out: list[bytes] = []
+    pos, n = start, len(key)
+    while pos < n:
+        code = key[pos]
+        if code != STR and code != BYTES:  # rare in our keys: through unpack
+            return out + [pack((e,)) for e in unpack(key[pos:])]
+        end = _find_terminator(key, pos + 1) + 1
+        out.append(key[pos:end])
+        pos = end
+    return out
 
 
 def prefix_range(t: tuple) -> tuple[bytes, bytes]:

@@ -867,6 +867,8 @@ class _LMDBTxn:
     ) -> Iterator[tuple[bytes, bytes]]:
         if limit is None:
             return _scan(self._txn, self._env.max_key, start, stop, reverse)
+        if limit == 1:  # "the first/last key in a range": every get_tuple of a latest
+            return iter(_one(self._txn, self._env.max_key, start, stop, reverse))
         return itertools.islice(
             _scan(self._txn, self._env.max_key, start, stop, reverse), max(limit, 0)
         )
@@ -952,6 +954,35 @@ def _scan(
                 return
             yield key, cur.value()
             ok = cur.prev()
+
+
+def _one(
+    txn: lmdb.Transaction, max_key: int, start: bytes | None, stop: bytes | None, reverse: bool
+) -> list[tuple[bytes, bytes]]:
+    """``list(islice(_scan(...), 1))`` without a generator."""
+    with txn.cursor() as cur:
+        if not reverse:
+            ok = cur.first() if start is None else _position(cur, start, max_key)
+            while ok:
+                key = cur.key()
+                if stop is not None and key >= stop:
+                    return []
+                if start is None or key >= start:
+                    return [(key, cur.value())]
+                ok = cur.next()
+            return []
+        if stop is None:
+            ok = cur.last()
+        elif _position(cur, stop, max_key):
+            ok = True
+            while ok and cur.key() >= stop:
+                ok = cur.prev()
+        else:
+            ok = cur.last()
+        if not ok:
+            return []
+        key = cur.key()
+        return [] if start is not None and key < start else [(key, cur.value())]
 
 
 def _delete_range(

@@ -42,7 +42,7 @@ from kvsaver.kv import (
     PostgresStore,
     Store,
 )
-from kvsaver.kv.keys import unpack
+from kvsaver.kv.keys import pack, split, unpack
 from kvsaver.kv.postgres import is_postgres_url
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
@@ -72,19 +72,21 @@ T = TypeVar("T")
 _LIST_CHUNK = 32
 
 
-def _configurable(config: RunnableConfig | None, what: str) -> dict[str, Any]:
-    if not isinstance(config, Mapping):
+def _configurable(config: RunnableConfig | None, what: str) -> Mapping[str, Any]:
+    """``config["configurable"]``, checked (read only: callers never change it)."""
+    # type() first: the ABC check of isinstance(Mapping) costs more than a read.
+    if type(config) is not dict and not isinstance(config, Mapping):
         raise TypeError(f"{what}: config must be a dict (RunnableConfig), got {config!r}")
     conf = config.get("configurable")
-    if not isinstance(conf, Mapping):
+    if type(conf) is not dict and not isinstance(conf, Mapping):
         raise ValueError(
             f"{what}: config has no 'configurable' dict; pass "
             "{'configurable': {'thread_id': ...}}"
         )
-    return dict(conf)
+    return conf
 
 
-def _thread_ns(config: RunnableConfig, what: str) -> tuple[str, str, dict[str, Any]]:
+def _thread_ns(config: RunnableConfig, what: str) -> tuple[str, str, Mapping[str, Any]]:
     conf = _configurable(config, what)
     thread = conf.get("thread_id")
     if thread is None:
@@ -102,6 +104,8 @@ def _id(value: Any, what: str) -> str:
     str()s every id). Anything else is refused rather than stored as "None"
     or "<object at 0x...>", and so is a str that UTF-8 cannot encode (issue
     #11: a lone surrogate used to end in a bare TypeError from the encoder)."""
+    if type(value) is str and value.isascii():  # the common case, checked on every call
+        return value
     if not isinstance(value, (str, int, UUID)) or isinstance(value, bool):
         kind = type(value).__name__
         raise TypeError(f"{what} must be a str (or an int or UUID), not {kind}: {value!r}")
@@ -177,6 +181,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
 
     store: Store
     _legacy_writes = False  # format-1 write keys may be present (read-only open)
+    _reader_cache: tuple[Any, Any, Any] | None = None  # _readers()
 
     def __init__(
         self,
@@ -324,12 +329,32 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     def _load_writes(
         self, txn: Any, thread: str, ns: str, checkpoint_id: str
     ) -> list[S.WriteRecord]:
-        recs = [S.decode_write(v) for _, v in txn.scan(*S.writes_range(thread, ns, checkpoint_id))]
+        start, stop = S.writes_range(thread, ns, checkpoint_id)
+        # Most checkpoints have none (every latest one between supersteps): on a
+        # local store, one step (scan's limit=1 path) answers that for less
+        # than setting up a whole scan. A network store's read of the range was
+        # sent already (pipelines_reads): no probe there.
+        if self._inline_reads and not next(iter(txn.scan(start, stop, limit=1)), None):
+            return []
+        recs = [S.decode_write(v) for _, v in txn.scan(start, stop)]
         # Keys are (task_id, idx), the identity; reads are in task_path order.
         recs.sort(key=lambda w: writes_sort_key(w.task_path, w.task_id, w.idx))
         if self._legacy_writes:  # a format-1 store opened read-only
             return U.first_per_identity(recs)
         return recs
+
+    def _readers(self) -> tuple[Callable[[S.Typed], Any], Callable[..., S.Typed | None]]:
+        """(loads, blob) for this saver's serializer: ``C.loader`` and the
+        delta codec's ``typed``, found once per serializer object (a read
+        needs both, and ``with_allowlist`` copies replace ``serde``)."""
+        cached = self._reader_cache
+        if cached is None or cached[0] is not self.serde:
+            cached = self._reader_cache = (
+                self.serde,
+                C.loader(self.serde),
+                D.codec(self.serde).typed,
+            )
+        return cached[1], cached[2]
 
     def _load_tuple(
         self,
@@ -342,8 +367,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         """A stored checkpoint record -> CheckpointTuple (blobs and writes
         read in the same transaction). Used by get_tuple and list alike.
         ``checkpoint``: ``rec.checkpoint`` already decoded (``_load_page``)."""
-        loads = C.loader(self.serde)
-        blob = D.codec(self.serde).typed  # whole or delta (issue #15)
+        loads, blob = self._readers()
         thread, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
         if checkpoint is None:
             checkpoint = loads(rec.checkpoint)
@@ -354,8 +378,13 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # scan), travels in the same round trip. Local stores skip it.
         if getattr(self.store, "pipelines_reads", False):
             txn.scan(*S.writes_range(thread, ns, cid))
+        whole, n = S.BLOB_PREFIX_MSGPACK, len(S.BLOB_PREFIX_MSGPACK)
         for (channel, key), raw in zip(keyed, txn.get_many([key for _, key in keyed])):
-            if (typed := blob(txn, key, raw)) is not None:
+            if raw is None:
+                continue
+            if raw.startswith(whole):  # a whole msgpack value, the common case
+                values[channel] = loads(("msgpack", raw[n:]))
+            elif (typed := blob(txn, key, raw)) is not None:  # other types, deltas
                 values[channel] = loads(typed)
         checkpoint["channel_values"] = values
         writes: list[PendingWrite] = [
@@ -378,7 +407,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         not one per checkpoint); ``_load_tuple`` then finds them read."""
         if len(found) < 2 or not getattr(self.store, "pipelines_reads", False):
             return [self._load_tuple(txn, rec, metadata=m) for rec, m in found]
-        loads = C.loader(self.serde)
+        loads = self._readers()[0]
         checkpoints = [loads(rec.checkpoint) for rec, _ in found]
         keys: builtins.list[bytes] = []
         for (rec, _), cp in zip(found, checkpoints):
@@ -482,7 +511,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                     rec = S.decode_checkpoint(raw)
                     metadata = None
                     if filter:
-                        metadata = self.serde.loads_typed(rec.metadata)
+                        metadata = self._readers()[0](rec.metadata)
                         if not _matches(metadata, filter):
                             continue
                     found.append((rec, metadata))
@@ -512,14 +541,16 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         if before_id:
             default = (default[0], S.by_id_stop(before_id))
         chosen: list[tuple[bytes, bytes]] = []
+        ckpt = pack((S.CHECKPOINT,))
 
         def source(txn: Any, resume: Any) -> Iterator[tuple[Any, bytes]]:
             if not chosen:
                 chosen.append(_most_selective(txn, candidates) if candidates else default)
             start, stop = chosen[0]
+            tail = len(start) - 1  # an index key: its range's prefix, then (id, thread, ns)
             for key, _ in txn.scan(start, resume[1] if resume else stop, reverse=True):
-                kcid, kt, kns = unpack(key)[-3:]
-                raw = txn.get(S.checkpoint_key_from_elements(kt, kns, kcid))
+                kcid, kt, kns = split(key, tail)[-3:]
+                raw = txn.get(ckpt + kt + kns + kcid)
                 if raw is not None:
                     yield (kcid, key), raw
 
@@ -541,7 +572,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                         continue
                     raw = txn.get(S.checkpoint_key(thread, one_ns, str(checkpoint_id)))
                     if raw is not None:
-                        yield (S.k(str(checkpoint_id)), one_ns), raw
+                        yield (pack((S.k(str(checkpoint_id)),)), one_ns), raw
 
             return exact
 
@@ -552,9 +583,9 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 start, stop = S.checkpoints_range(thread, one_ns)
                 if before_id:
                     stop = min(stop, S.checkpoint_key(thread, one_ns, str(before_id)))
-                if resume is not None:
-                    stop = min(stop, S.checkpoint_key_from_elements(*_ns_resume(start, resume)))
-                scans.append(_tagged(txn.scan(start, stop, reverse=True)))
+                if resume is not None:  # ids below the last one returned
+                    stop = min(stop, start[:-1] + resume[0])
+                scans.append(_tagged(txn.scan(start, stop, reverse=True), start[:-1]))
             if len(scans) == 1:
                 yield from scans[0]
             else:
@@ -1140,24 +1171,23 @@ def _matches(metadata: Mapping[str, Any], filter: Mapping[str, Any]) -> bool:
     return all(metadata.get(key) == value for key, value in filter.items())
 
 
-def _tagged(scan: Iterable[tuple[bytes, bytes]]) -> Iterator[tuple[Any, bytes]]:
-    """Checkpoint keys -> ((checkpoint id element, ns element), record)."""
+def _tagged(
+    scan: Iterable[tuple[bytes, bytes]], prefix: bytes
+) -> Iterator[tuple[tuple[bytes, bytes], bytes]]:
+    """Checkpoint keys under one packed (thread, ns) ``prefix`` -> ((checkpoint
+    id element, prefix), record), the id as its packed bytes: packing
+    preserves order, so positions compare as the keys do (a merge of
+    namespaces, a resume below the last id returned: chunks never split one
+    id across namespaces) without unpacking every key."""
+    n = len(prefix)
     for key, raw in scan:
-        _, _, kns, kcid = unpack(key)
-        yield (kcid, kns), raw
-
-
-def _sort_elem(e: Any) -> tuple[int, Any]:
-    # Surrogates (bytes) sort before strings, as in the key encoding.
-    return (0, e) if isinstance(e, bytes) else (1, e.encode("utf-8", "surrogatepass"))
+        yield (key[n:], prefix), raw
 
 
 def _merge_desc(scans: list[Iterator[tuple[Any, bytes]]]) -> Iterator[tuple[Any, bytes]]:
     import heapq
 
-    return heapq.merge(
-        *scans, key=lambda item: (_sort_elem(item[0][0]), _sort_elem(item[0][1])), reverse=True
-    )
+    return heapq.merge(*scans, key=lambda item: item[0], reverse=True)
 
 
 def _most_selective(txn: Any, ranges: list[tuple[bytes, bytes]], probe: int = 64) -> Any:
@@ -1178,10 +1208,3 @@ def _most_selective(txn: Any, ranges: list[tuple[bytes, bytes]], probe: int = 64
 
 def _same_id(pos: Any, last: Any) -> bool:
     return last is not None and pos[0] == last[0]
-
-
-def _ns_resume(start: bytes, resume: Any) -> tuple[Any, Any, Any]:
-    """Elements of the checkpoint key where a namespace scan resumes: ids below
-    the last one returned (chunks never split one id across namespaces)."""
-    _, kt, kns = unpack(start[:-1])
-    return kt, kns, resume[0]

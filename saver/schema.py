@@ -204,12 +204,24 @@ def blob_keys(thread: str, ns: str, versions: Mapping[str, Any]) -> list[tuple[s
         mark = (ch, type(v), v)  # 1 == 1.0 == True, but their encodings differ
         suffix = _SUFFIX_CACHE.get(mark)
         if suffix is None:
-            suffix = pack((k(ch), _ver(v)))
+            suffix = _str_key_element(ch) + (
+                _str_key_element(v) if type(v) is str else pack((_ver(v),))
+            )
             if len(_SUFFIX_CACHE) >= 16384:
                 _SUFFIX_CACHE.clear()
             _SUFFIX_CACHE[mark] = suffix
         out.append((ch, prefix + suffix))
     return out
+
+
+def _str_key_element(s: str) -> bytes:
+    """``pack((k(s),))`` in one step, through no cache: what a read of a
+    checkpoint nobody read lately (another process's, a cold store) pays for
+    each channel and version string it keys."""
+    raw = s.encode("utf-8", "surrogatepass")
+    if len(raw) + raw.count(0) > _MAX_INLINE:
+        return pack((k(s),))
+    return b"\x02" + raw.replace(b"\x00", b"\x00\xff") + b"\x00"
 
 
 # (channel, type, version) -> packed key elements: a thread's latest
@@ -264,7 +276,10 @@ def writes_range(
         return prefix_range((WRITE, k(thread)))
     if checkpoint_id is None:
         return prefix_range((WRITE, k(thread), k(ns)))
-    return prefix_range((WRITE, k(thread), k(ns), k(checkpoint_id)))
+    # Every read of a checkpoint comes here: the (thread, ns) prefix is packed
+    # once (as checkpoint_key), the checkpoint id's element each time.
+    p = _thread_ns_prefix(WRITE, thread, ns) + pack((k(checkpoint_id),))
+    return p + b"\x00", p + b"\xff"  # as prefix_range
 
 
 def run_key(run_id: str, thread: str, ns: str, checkpoint_id: str) -> bytes:
@@ -476,6 +491,9 @@ def encode_blob(typed: Typed | None) -> bytes:
     if typed is None:
         return b"empty\x00"
     return typed[0].encode("ascii") + b"\x00" + typed[1]
+
+
+BLOB_PREFIX_MSGPACK = b"msgpack\x00"  # encode_blob of a ("msgpack", ...) value
 
 
 def decode_blob(raw: bytes | None) -> Typed | None:

@@ -23,7 +23,7 @@ import kvsaver.kv.keys as kv_keys
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kvsaver.kv.keys import pack, prefix_range, unpack
+from kvsaver.kv.keys import pack, prefix_range, split, unpack
 
 PROPERTY = settings(max_examples=1000, deadline=None)
 
@@ -278,6 +278,15 @@ def test_round_trip(t: tuple, cut: int) -> None:
     assert pack(back) == packed
     # Every element is self-delimiting: keys compose by plain concatenation.
     assert pack(t[:cut]) + pack(t[cut:]) == packed
+
+
+@PROPERTY
+@given(tuples, st.integers(0, 6))
+def test_split_gives_each_elements_packed_bytes(t: tuple, cut: int) -> None:
+    packed = pack(t)
+    assert split(packed) == [pack((e,)) for e in t]
+    start = len(pack(t[:cut]))
+    assert split(packed, start) == [pack((e,)) for e in t[cut:]]
 
 
 # -- (c) prefix ranges ---------------------------------------------------------------

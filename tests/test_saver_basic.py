@@ -638,10 +638,33 @@ def test_memoized_checkpoint_and_blob_keys_are_the_packed_tuples(
         assert S.checkpoint_key(thread, ns, cid) == pack(
             (S.CHECKPOINT, S.k(thread), S.k(ns), S.k(cid))
         )
-        assert S.checkpoints_range(thread, ns) == prefix_range(
-            (S.CHECKPOINT, S.k(thread), S.k(ns))
-        )
+        assert S.checkpoints_range(thread, ns) == prefix_range((S.CHECKPOINT, S.k(thread), S.k(ns)))
         versions = {ch: cid for ch in channels}
         assert S.blob_keys(thread, ns, versions) == [
             (ch, S.blob_key(thread, ns, ch, cid)) for ch in versions
         ]
+
+
+_ids = st.text(st.sampled_from(["a", "\x00", "é", "😀", "\ud800", "0", ".", "-"]), max_size=120)
+
+
+@given(_ids, _ids, _ids, st.one_of(_ids, st.integers(-5, 10**12), st.floats(0, 1e9)), _ids)
+def test_fast_key_builders_equal_the_schema_tuples(
+    thread: str, ns: str, channel: str, version: Any, checkpoint_id: str
+) -> None:
+    """The read path's memoized and one-step key builders (issue #13) give
+    the bytes of the schema's tuples exactly, on a cold and a warm cache:
+    hostile ids, lone surrogates, ids long enough for surrogate keys."""
+    for _ in range(2):  # cold, then warm
+        assert S.blob_keys(thread, ns, {channel: version}) == [
+            (channel, pack((S.BLOB, S.k(thread), S.k(ns), S.k(channel), S._ver(version))))
+        ]
+        assert S.writes_range(thread, ns, checkpoint_id) == prefix_range(
+            (S.WRITE, S.k(thread), S.k(ns), S.k(checkpoint_id))
+        )
+        assert S.checkpoint_key(thread, ns, checkpoint_id) == pack(
+            (S.CHECKPOINT, S.k(thread), S.k(ns), S.k(checkpoint_id))
+        )
+        assert S._str_key_element(channel) == pack((S.k(channel),))
+    S._SUFFIX_CACHE.clear()
+    S._TN_CACHE.clear()
