@@ -309,8 +309,12 @@ def test_long_chat_storage(benchmark: Any, chat_run: dict[str, Any]) -> None:
     """3 threads x 120 turns: bytes and reads vs SqliteSaver (issue #15)."""
     mark = chat_run["marks"]["120"]
     benchmark.group = "long_chat:storage"
+    # bench/report.py's issue #15 section reads these.
     benchmark.extra_info.update(
         {
+            "threads": chat_run["threads"],
+            "turns": chat_run["turns"],
+            "disk_bytes": mark["disk_bytes"],
             "bytes_ratio_vs_sqlite": mark["bytes_ratio_vs_sqlite"],
             "bytes_per_turn": mark["bytes_per_turn"],
             "get_tuple_latest": mark["get_tuple_latest"],
@@ -319,10 +323,9 @@ def test_long_chat_storage(benchmark: Any, chat_run: dict[str, Any]) -> None:
         }
     )
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
-    # Issue #15's target is 0.05x SqliteSaver; measured 0.06x (the rest is
-    # checkpoint records, pending writes and LMDB page fill, see
-    # bench/results/long_chat.json). What deltas alone must give: under a
-    # third of the store with every version whole.
+    # Issue #15's targets are shown (met / not met) by bench/report.py; what
+    # deltas alone must give, whatever the machine: under a third of the
+    # store with every version whole.
     ratios = mark["bytes_ratio_vs_sqlite"]
     assert ratios["kv"] <= 0.3 * ratios["kv-whole"]
 

@@ -2,8 +2,9 @@
 
     pytest bench/bench_postgres.py --benchmark-only -s
 
-Workloads (both savers on one database of one server, in rotating order
-each round; medians of per-round medians):
+Workloads (both savers on one database of one server; put, get_tuple and
+list are paired: the two savers' calls alternate one by one, A B B A ..., so
+a change in the machine's load hits both alike; medians of per-round medians):
   put              50 puts per round on a fresh thread (bench/_workloads.ThreadGen:
                    10 channels, 1-2 changed per put, a growing message list)
   get_tuple        latest checkpoint of a 100-checkpoint thread with 3 pending
@@ -96,27 +97,32 @@ def _close(savers: dict[str, Any]) -> None:
     savers["PostgresSaver"]._bench_cm.__exit__(None, None, None)
 
 
-def _rounds(savers: dict[str, Any], once: Callable[[str, Any, int], float]) -> dict[str, float]:
-    """``once(name, saver, round)`` -> seconds per operation; each round in
-    rotated order; the median over rounds."""
+def _paired(
+    savers: dict[str, Any], calls: Callable[[str, Any, int], list[Callable[[], Any]]]
+) -> dict[str, float]:
+    """``calls(name, saver, round)`` -> that round's operations (made untimed);
+    the savers' operations run alternately, one by one (A B, then B A); the
+    median per round, then the median over rounds: seconds per operation."""
     names = list(savers)
     per: dict[str, list[float]] = {n: [] for n in names}
     for r in range(ROUNDS):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for n in order:
-            per[n].append(once(n, savers[n], r))
+        ops = {n: calls(n, savers[n], r) for n in names}
+        times: dict[str, list[float]] = {n: [] for n in names}
+        for i in range(max(len(v) for v in ops.values())):
+            for n in names if i % 2 == 0 else names[::-1]:
+                if i < len(ops[n]):
+                    t = time.perf_counter()
+                    ops[n][i]()
+                    times[n].append(time.perf_counter() - t)
+        for n in names:
+            per[n].append(statistics.median(times[n]))
     return {n: statistics.median(v) for n, v in per.items()}
 
 
-def _put(name: str, saver: Any, r: int) -> float:
+def _puts(name: str, saver: Any, r: int) -> list[Callable[[], Any]]:
     gen = ThreadGen(saver, f"put-{name}-{r}")
     ops = [gen.next() for _ in range(PUTS)]
-    times = []
-    for a in ops:
-        t = time.perf_counter()
-        saver.put(a.config, a.checkpoint, a.metadata, a.new_versions)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return [lambda a=a: saver.put(a.config, a.checkpoint, a.metadata, a.new_versions) for a in ops]
 
 
 def _history(saver: Any, thread: str) -> dict[str, Any]:
@@ -126,15 +132,6 @@ def _history(saver: Any, thread: str) -> dict[str, Any]:
         saver.put(a.config, a.checkpoint, a.metadata, a.new_versions)
     saver.put_writes(gen.config(), writes_for(HISTORY), task_id(1))
     return {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
-
-
-def _timed_calls(fn: Callable[[], Any], n: int) -> float:
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def _graph(savers: dict[str, Any]) -> dict[str, float]:
@@ -197,14 +194,13 @@ def test_kvsaver_vs_postgressaver(benchmark: Any, server_url: str) -> None:
         url = _database(server_url, "bench_ops")
         savers = _savers(url)
         try:
-            results: dict[str, dict[str, float]] = {"put": _rounds(savers, _put)}
+            results: dict[str, dict[str, float]] = {"put": _paired(savers, _puts)}
             configs = {n: _history(s, f"read-{n}") for n, s in savers.items()}
-            results["get_tuple"] = _rounds(
-                savers, lambda n, s, r: _timed_calls(lambda: s.get_tuple(configs[n]), READS)
+            results["get_tuple"] = _paired(
+                savers, lambda n, s, r: [lambda: s.get_tuple(configs[n])] * READS
             )
-            results["list:limit10"] = _rounds(
-                savers,
-                lambda n, s, r: _timed_calls(lambda: list(s.list(configs[n], limit=10)), LISTS),
+            results["list:limit10"] = _paired(
+                savers, lambda n, s, r: [lambda: list(s.list(configs[n], limit=10))] * LISTS
             )
             results["graph (per superstep)"] = _graph(savers)
         finally:

@@ -446,6 +446,126 @@ def long_section(groups: dict) -> list[str]:
     ]
 
 
+# -- issue #15: long-chat storage ------------------------------------------------------
+
+LONG_CHAT = "long_chat:storage"
+
+
+def long_chat_runs(groups: dict, results: str = RESULTS) -> list[tuple[str, dict, str]]:
+    """(source, mark, origin) per long-chat run to show: the suite's 3 x 120
+    run (``bench_long_chat.py``'s test, this run's extra_info) or else
+    bench/results/long_chat.json, then every mark of bench/results/long_chat_*.json
+    (the 500-turn run, ``--turns 500``; not in the suite: ~5 min)."""
+    runs: list[tuple[str, dict, str]] = []
+    row = next(iter(groups.get(LONG_CHAT, {}).values()), None)
+    ei = (row or {}).get("extra_info") or {}
+    if "bytes_ratio_vs_sqlite" in ei:
+        what = f"{ei.get('threads', 3)} x {ei.get('turns', 120)} turns"
+        runs.append((what, ei, "this suite run"))
+    names = sorted(
+        f
+        for f in (os.listdir(results) if os.path.isdir(results) else [])
+        if f.startswith("long_chat") and f.endswith(".json")
+    )
+    for name in names:
+        if name == "long_chat_k.json":
+            continue  # the sweep of K, not a run
+        if name == "long_chat.json" and runs:
+            continue  # the suite measured the same workload
+        try:
+            data = load(os.path.join(results, name))
+        except (OSError, ValueError):
+            continue
+        for turns, mark in sorted((data.get("marks") or {}).items(), key=lambda kv: int(kv[0])):
+            what = f"{data.get('threads')} x {turns} turns"
+            if int(turns) != data.get("turns"):
+                what += f" (of {data.get('turns')})"
+            load_ = data.get("loadavg") or []
+            origin = f"bench/results/{name}" + (f", load {load_[0]}" if load_ else "")
+            runs.append((what, {**mark, "K": data.get("K")}, origin))
+    return runs
+
+
+def long_chat_section(groups: dict, results: str = RESULTS) -> list[str]:
+    """Issue #15's targets on the long chat: bytes vs SqliteSaver at 3 x 120
+    and 500 turns, get_tuple latest warm and cold, put CPU vs every version
+    whole, each met / not met."""
+    runs = long_chat_runs(groups, results)
+    if not runs:
+        return []
+    rows: list[list[str]] = []
+
+    def add(what: str, value: float | None, goal: float, origin: str, note: str = "") -> None:
+        if value is None:
+            rows.append([what, "-", f"<= {goal}x", "not measured", origin])
+            return
+        ok = value <= goal
+        status = "met" if ok else "**not met**"
+        rows.append([what, f"{value:.3g}x", f"<= {goal}x", status, f"{origin}{note}"])
+
+    detail: list[list[str]] = []
+    for what, mark, origin in runs:
+        ratios = mark.get("bytes_ratio_vs_sqlite") or {}
+        disk = mark.get("disk_bytes") or {}
+        per_turn = mark.get("bytes_per_turn") or {}
+        reads = mark.get("get_tuple_latest") or {}
+        ms, rr = reads.get("median_ms") or {}, reads.get("ratio_vs_sqlite") or {}
+        threads, turns = (int(x.split()[0]) for x in what.split(" x "))
+        main = threads == 3 and turns == 120  # the issue's chat
+        if main or turns == 500:
+            goal = 0.05 if main else 0.03
+            note = ""
+            if "kv" in disk and "sqlite" in disk:
+                note = f"; {fmt_bytes(disk['kv'])} vs {fmt_bytes(disk['sqlite'])}"
+            add(f"bytes on disk vs SqliteSaver, {what}", ratios.get("kv"), goal, origin, note)
+        if main:
+            for row, label in (("kv", "warm"), ("kv cold", "cold (fresh serializer)")):
+                note = ""
+                if row in ms and "sqlite" in ms:
+                    note = f"; {ms[row]:,.2f} vs {ms['sqlite']:,.2f} ms"
+                add(f"get_tuple latest, {label}, {what}", rr.get(row), 0.8, origin, note)
+            add(
+                f"put CPU, deltas on / every version whole (kv-whole), {what}",
+                mark.get("put_cpu_kv_over_kv_whole_median"),
+                1.0,
+                origin,
+            )
+        for n in ordered(list(disk), ["sqlite", "kv", "kv-whole"]):
+            detail.append(
+                [
+                    what,
+                    n,
+                    fmt_bytes(disk[n]),
+                    f"{per_turn.get(n, 0):,}",
+                    "1x" if n == "sqlite" else f"{ratios.get(n, 0):.3g}x",
+                    f"{ms[n]:,.2f} ms" if n in ms else "-",
+                    fmt_ratio(rr.get(n)) if n in rr else "-",
+                ]
+            )
+        if "kv cold" in ms:
+            cold = ["kv cold", "", "", "", f"{ms['kv cold']:,.2f} ms", fmt_ratio(rr.get("kv cold"))]
+            detail.append([what, *cold])
+    k = next((m.get("K") for _, m, _ in runs if m.get("K")), None)
+    return [
+        "",
+        "## Issue #15 targets: long-chat storage (bench/bench_long_chat.py)",
+        "",
+        "A chat graph (add_messages, ~45-word messages, a summary rewritten every 10 turns), "
+        "every saver in the same run; kv = KVSaver(dir) with its defaults (delta storage, "
+        f"K = {k}), kv-whole = the same with delta storage off. Bytes: every file of the "
+        "store (SqliteSaver's WAL checkpointed first). Reads: paired rounds, median; cold = "
+        "a fresh serializer (no cache), as another process reads.",
+        "",
+        *table(["target", "measured", "goal", "status", "from"], rows),
+        "",
+        *table(
+            ["run", "saver", "on disk", "bytes / turn", "x SqliteSaver", "get_tuple latest", "x"],
+            detail,
+            right_from=2,
+        ),
+    ]
+
+
 def targets(groups: dict) -> list[list[str]]:
     rows: list[list[str]] = []
 
@@ -804,6 +924,7 @@ def render(data: dict, storage: dict | None = None) -> str:
         *durability_section(groups),
         *concurrency_section(groups),
         *long_section(groups),
+        *long_chat_section(groups),
         "",
         "## Every workload: median per operation",
         *group_tables(groups),

@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import fcntl
 import itertools
+import mmap
 import os
 import struct
 import threading
@@ -310,6 +311,7 @@ class _Env:
         self.env.reader_check()
         self.max_key = self.env.max_key_size()
         self.psize = int(self.env.stat()["psize"])
+        self.metas = _map_metas(self.path, self.psize)  # see last_txnid()
         self.readers_checked_at = self.used_bytes()  # see check_readers()
         # Last: check_fork()'s unlocked fast path reads pid, so another thread
         # of a forked child must not see our pid before the new env is ready.
@@ -400,6 +402,17 @@ class _Env:
                 del self.queue[i]
                 break
         self.hand_over(req)
+
+    def last_txnid(self) -> int:
+        """The newest meta page's transaction id, as ``env.info()`` gives it,
+        read from our own map of the two meta pages: ``info()`` releases the
+        GIL, so an event loop reading inline (aget_tuple) gave it away at every
+        read to threads that then kept it for a switch interval (5 ms); and it
+        builds a dict (issue #13). The same bytes info() reads, through the
+        same page cache, so the same value whenever LMDB's own would be."""
+        m, at = self.metas, _TXNID_AT
+        a, b = _TXNID.unpack_from(m, at)[0], _TXNID.unpack_from(m, self.psize + at)[0]
+        return a if a > b else b
 
     def check_not_writing(self) -> None:
         if self.writer == threading.get_ident():
@@ -608,7 +621,7 @@ class _Env:
         txn = None
         try:
             txn = self.env.begin(buffers=False)
-            if self.env.info()["last_txnid"] <= txn.id():
+            if self.last_txnid() <= txn.id():
                 return txn  # no commit newer than ours: settled (see _settled)
             # _settled begins again: another process may grow the map meanwhile
             return self._settled(txn)
@@ -643,16 +656,38 @@ class _Env:
         writer is between writing its meta page and publishing N+2, gets N+1,
         so a thread could see the store go back in time (measured: about 3 in
         a million reads against a busy writer). Overwriting slot N % 2 needs
-        N+1 committed first, so when no commit newer than N exists after the
-        copy, the copy was N's; else begin again. The pages of a too-new
-        snapshot are safe meanwhile (LMDB keeps every page a reader of N may
-        see). A writer committing faster than we can begin falls back, after
-        ``_SETTLE_TRIES``, to accepting N+1: then slot N % 2 is still N's."""
+        N+1 published first, so when no meta page newer than N exists after
+        the copy, the copy was N's. The pages of a too-new snapshot are safe
+        meanwhile (LMDB keeps every page a reader of N may see).
+
+        A newer meta page is nearly always N+1's, written but not yet
+        published: at durability "full" its writer holds it so for a whole
+        device flush (LMDB writes the meta page through a synchronous fd,
+        then publishes), and re-beginning until then cost every read that
+        began in that window 32 begins (issue #13: a third of the reads
+        beside a busy writer). So the probe is a second begin: it reads the
+        published id after our copy, and if that is still N, N+1 was not
+        published before the copy, so N+2's meta page was not begun: the copy
+        was N's. Otherwise the probe is the next candidate. A writer
+        publishing faster than we can begin falls back, after
+        ``_SETTLE_TRIES``, to accepting a meta page one newer than the id."""
         attempt = 0
-        while int(self.env.info()["last_txnid"]) > txn.id() + (attempt >= _SETTLE_TRIES):
+        probe = None
+        try:
+            while self.last_txnid() > txn.id() + (attempt >= _SETTLE_TRIES):
+                probe = self.env.begin(write=False, buffers=False)
+                if probe.id() == txn.id():
+                    probe.abort()
+                    return txn
+                txn.abort()
+                txn = probe
+                attempt += 1
+        except BaseException:
+            # An interrupt: leave no reader slot pinned (see begin_read).
             txn.abort()
-            txn = self.env.begin(write=False, buffers=False)
-            attempt += 1
+            if probe is not None:
+                probe.abort()
+            raise
         return txn
 
 
@@ -1442,6 +1477,8 @@ def _disk_full(path: str, e: BaseException) -> BaseException:
 # pad is the page size), then the last page number and the transaction id.
 _META = struct.Struct("<IIQQ" + "IHHQQQQQ" * 2 + "QQ")
 _META_AT = 16
+_TXNID = struct.Struct("<Q")
+_TXNID_AT = _META_AT + _META.size - _TXNID.size  # the last field: the transaction id
 _META_MAGIC = 0xBEEFC0DE
 _META_VERSION = 1
 _NO_PAGE = (1 << 64) - 1  # P_INVALID: the root of an empty DB
@@ -1511,6 +1548,16 @@ def _data_file_problem(data: str) -> str | None:
     return None
 
 
+def _map_metas(path: str, psize: int) -> mmap.mmap:
+    """A read-only shared map of the data file's two meta pages (see
+    _Env.last_txnid): the same page cache LMDB's own map reads."""
+    fd = os.open(os.path.join(path, "data.mdb"), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return mmap.mmap(fd, 2 * psize, mmap.MAP_SHARED, mmap.PROT_READ)
+    finally:
+        os.close(fd)
+
+
 def _identity(path: str) -> tuple[int, int] | None:
     """Which file ``path/data.mdb`` is (device, inode), or None if none is."""
     try:
@@ -1547,6 +1594,7 @@ def _release(key: str, env: _Env) -> None:
             del _REGISTRY[key]
         if env.pid == os.getpid():
             env.env.close()
+            env.metas.close()
             if env.data_fd is not None:
                 os.close(env.data_fd)
                 env.data_fd = None

@@ -41,6 +41,18 @@ Round trips (what a network costs; counted by tests/test_postgres.py)
     chunks (``WHERE key > last ORDER BY key LIMIT n``), never the whole range
     at once; ``limit`` bounds the first chunk.
 
+Speculation (``transact`` only; ``speculate=False`` turns it off)
+    A write transaction's first reads are answered from a cache of what this
+    process's committed write transactions wrote and read (a key not in it is
+    assumed absent, as a new checkpoint's keys are), with no round trip. A
+    guard statement sent first in the committing pipeline checks, under
+    SERIALIZABLE and with one index lookup per key, that each of those keys
+    still holds the value assumed; when one does not, the transaction fails
+    whole and ``fn`` is rerun at once, reading from the server. So a KVSaver
+    ``put`` or ``put_writes`` is one round trip, ``BEGIN`` to ``COMMIT``,
+    when this process wrote the thread's last checkpoint, and a wrong guess
+    (another machine wrote it) costs a rerun, never a wrong write.
+
 Faults
     A dropped connection or a server restart: the first statement of a
     transaction is resent on a new connection (nothing was committed or
@@ -63,11 +75,15 @@ psycopg 3 and psycopg_pool are an optional extra (``pip install
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
+import select
+import struct
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
@@ -97,6 +113,10 @@ _MARK = "kvsaver.kv PostgresStore format "
 MAX_KEY = 2000  # a btree index entry must fit a third of an 8 KiB page
 _FIRST_CHUNK = 64
 _MAX_CHUNK = 1024
+_HASH_OVER = 64  # a guard compares a longer assumed value by its SHA-256
+_CACHE_BYTES = 8 << 20  # the cache of committed values that transact speculates from
+_CACHE_ENTRY = 256 << 10  # a longer value is not cached (a read of it is not speculated)
+_SPECULATE_BELOW = 0.25  # speculate while fewer guesses than this fail (moving average)
 
 
 class StoreUnavailableError(KVError):
@@ -113,6 +133,12 @@ class CommitUnknownError(StoreUnavailableError):
 class StoreConflictError(KVError):
     """A ``SERIALIZABLE`` write transaction conflicted with a concurrent one
     (or deadlocked) and was rolled back; ``transact`` retries these itself."""
+
+
+class SpeculationFailed(StoreConflictError):
+    """Internal to ``transact``: a read answered from the cache did not hold
+    (its guard failed, so nothing was applied); the function is rerun at once,
+    reading from the server."""
 
 
 class StoreTimeoutError(KVError):
@@ -157,12 +183,47 @@ class _Queries:
             "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
         ).format(t)
         self.delete_many = sql.SQL("DELETE FROM {} WHERE key = ANY(%b::bytea[])").format(t)
+        # Fails (division by zero, which no other statement of ours can raise)
+        # unless every key holds the value assumed for it (NULL: absent; a
+        # long value is compared by its SHA-256). Not constant-folded: the
+        # condition reads the table. One index lookup per key (a correlated
+        # subquery: a join could be planned as a scan of the whole table,
+        # slow and, under SERIALIZABLE, a lock on all of it).
+        check = sql.SQL(
+            "1 / (NOT EXISTS (SELECT 1 FROM unnest(%b::bytea[], %b::bytea[], %b::bool[]) "
+            "AS a(k, v, h) WHERE (SELECT CASE WHEN a.h THEN sha256(t.value) ELSE t.value END "
+            "FROM {} AS t WHERE t.key = a.k) IS DISTINCT FROM a.v))::int"
+        ).format(t)
+        self.guard = sql.SQL("SELECT ") + check
+        # A write-only transaction's one statement (with BEGIN and COMMIT
+        # around it: fewer statements, fewer packets and wake-ups): its id,
+        # the guard, then the upserts and deletes, which run only when the
+        # guard passed (one snapshot: the guard sees the table before them).
+        self.write_all = sql.SQL(
+            "WITH g AS MATERIALIZED (SELECT txid_current() AS xid, {} AS ok), "
+            "u AS (INSERT INTO {} (key, value) SELECT * FROM unnest(%b::bytea[], %b::bytea[]) "
+            "WHERE (SELECT ok FROM g) = 1 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value), "
+            "d AS (DELETE FROM {} WHERE key = ANY(%b::bytea[]) AND (SELECT ok FROM g) = 1) "
+            "SELECT xid FROM g"
+        ).format(check, t, t)
         self.create = sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (key bytea PRIMARY KEY, value bytea NOT NULL)"
         ).format(t)
         self._sql = sql
+        self._rendered = False
         self._scans: dict[tuple[bool, bool, bool], Any] = {}
         self._deletes: dict[tuple[bool, bool], Any] = {}
+
+    def render(self, conn: Any) -> None:
+        """The fixed statements as bytes, composed once (psycopg would compose
+        a ``Composed`` again at every execute)."""
+        if self._rendered:
+            return
+        for name in ("get", "get_many", "upsert", "delete_many", "guard", "write_all"):
+            q = getattr(self, name)
+            if not isinstance(q, bytes):  # two threads may render at once: the same bytes
+                setattr(self, name, q.as_bytes(conn))
+        self._rendered = True
 
     def _where(self, has_start: bool, has_stop: bool) -> Any:
         sql = self._sql
@@ -195,6 +256,124 @@ class _Queries:
         return q
 
 
+_BIG = object()  # a key whose value is too long to cache: never guessed
+
+
+class _ByteaArray(bytes):
+    """A ``bytea[]`` in PostgreSQL's binary array format, built here: psycopg's
+    list dumper looks up each element's type, a good part of a put's CPU."""
+
+    __slots__ = ()
+
+
+class _BoolArray(bytes):
+    """A ``bool[]`` in the binary array format."""
+
+    __slots__ = ()
+
+
+_HEAD = struct.Struct("!iiiii")  # ndim 1, has nulls, element oid, length, lower bound
+_LEN = struct.Struct("!i")
+_NULL = _LEN.pack(-1)
+
+
+def _bytea_array(items: Sequence[bytes | None]) -> _ByteaArray:
+    if not items:
+        return _ByteaArray(struct.pack("!iii", 0, 0, 17))  # empty: no dimension
+    parts = [_HEAD.pack(1, any(v is None for v in items), 17, len(items), 1)]
+    for v in items:
+        if v is None:
+            parts.append(_NULL)
+        else:
+            parts.append(_LEN.pack(len(v)))
+            parts.append(v)
+    return _ByteaArray(b"".join(parts))
+
+
+def _bool_array(items: Sequence[bool]) -> _BoolArray:
+    if not items:
+        return _BoolArray(struct.pack("!iii", 0, 0, 16))
+    body = b"".join(b"\x00\x00\x00\x01\x01" if v else b"\x00\x00\x00\x01\x00" for v in items)
+    return _BoolArray(_HEAD.pack(1, 0, 16, len(items), 1) + body)
+
+
+_DUMPERS: list[tuple[type, type]] = []
+
+
+def _register_arrays(conn: Any) -> None:
+    """Teach a connection to send our arrays as they are (bytea[]: oid 1001,
+    bool[]: oid 1000, binary)."""
+    if not _DUMPERS:
+        from psycopg import pq
+        from psycopg.adapt import Dumper
+
+        for cls, oid in ((_ByteaArray, 1001), (_BoolArray, 1000)):
+
+            class ArrayDumper(Dumper):
+                format = pq.Format.BINARY
+
+                def dump(self, obj: Any) -> Any:
+                    return obj
+
+            ArrayDumper.oid = oid
+            _DUMPERS.append((cls, ArrayDumper))
+    for cls, dumper in _DUMPERS:
+        conn.adapters.register_dumper(cls, dumper)
+
+
+class _Cache:
+    """What this process last knew each key to hold (written or read by its
+    committed write transactions; ``None``: absent), least recently used
+    out, at most ``max_bytes``. Only ever a guess: ``transact`` verifies
+    every value it takes from here in the same transaction (a guard
+    statement), so a stale entry costs a rerun, never a wrong write."""
+
+    def __init__(self, max_bytes: int = _CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.size = 0
+        self.items: OrderedDict[bytes, Any] = OrderedDict()
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def _cost(k: bytes, v: Any) -> int:
+        return 64 + len(k) + (len(v) if isinstance(v, bytes) else 0)
+
+    def guess(self, keys: Sequence[bytes]) -> list[bytes | None] | None:
+        """The cached values (a key without an entry: assumed absent, which
+        a new checkpoint's keys are); None when one cannot be guessed."""
+        out: list[bytes | None] = []
+        with self.lock:
+            for k in keys:
+                v = self.items.get(k)
+                if v is _BIG:
+                    return None
+                out.append(v)
+        return out
+
+    def learn(self, known: dict[bytes, bytes | None], ranges: Sequence[Any]) -> None:
+        with self.lock:
+            items = self.items
+            if ranges:
+                for k in [k for k in items if any(_inside(k, a, b) for a, b in ranges)]:
+                    self.size -= self._cost(k, items.pop(k))
+            for k, v in known.items():
+                if v is not None and len(v) > _CACHE_ENTRY:
+                    v = _BIG
+                if k in items:
+                    self.size -= self._cost(k, items.pop(k))
+                items[k] = v
+                self.size += self._cost(k, v)
+            while self.size > self.max_bytes and items:
+                k, v = items.popitem(last=False)
+                self.size -= self._cost(k, v)
+
+    def forget(self, keys: Sequence[bytes]) -> None:
+        with self.lock:
+            for k in keys:
+                if k in self.items:
+                    self.size -= self._cost(k, self.items.pop(k))
+
+
 def _classify(e: BaseException) -> str:
     """'conflict', 'lost' (connection), 'timeout', or '' for anything else."""
     from psycopg import errors
@@ -206,6 +385,31 @@ def _classify(e: BaseException) -> str:
     if isinstance(e, errors.OperationalError):
         return "lost"
     return ""
+
+
+def _shut_down(e: BaseException) -> bool:
+    """The server ended the session (class 57: operator intervention: an
+    administrator, a shutdown, a restart), and said so."""
+    return str(getattr(e, "sqlstate", None) or "").startswith("57")
+
+
+def _ended(conn: Any) -> bool:
+    """True when an idle connection has already been ended by the server
+    (its closing message or end of stream is waiting on the socket), found
+    without a round trip: a poll of the socket."""
+    try:
+        pgconn = conn.pgconn
+        for _ in range(3):  # the closing message, then the end of the stream
+            ready, _, _ = select.select([pgconn.socket], [], [], 0)
+            if not ready:
+                return False
+            pgconn.consume_input()
+            pgconn.is_busy()  # parses what arrived (a closing message ends it)
+            if pgconn.status != 0:
+                return True
+    except Exception:
+        return True
+    return bool(conn.broken or conn.closed)
 
 
 def _translate(e: BaseException, where: str, *, committing: bool = False) -> KVError:
@@ -264,6 +468,13 @@ class _PGTxn:
         self.lost = False  # the connection broke (the store discards it)
         self.failed: KVError | None = None  # a statement failed: the txn is rolled back
         self.may_resend = True  # nothing committed or returned yet: a retry is safe
+        # Speculation (transact only): reads answered from the store's cache of
+        # committed values, verified by a guard statement in the same round
+        # trip as the writes and COMMIT (see PostgresStore.transact).
+        self.speculate = False
+        self._assumed: dict[bytes, bytes | None] = {}  # not yet in a guard
+        self.assumed_keys: list[bytes] = []
+        self._ranges: list[tuple[bytes | None, bytes | None]] = []  # delete_range calls
 
     # -- statements -------------------------------------------------------------
     def _run(self, query: Any, params: Sequence[Any] | None) -> Any:
@@ -279,8 +490,10 @@ class _PGTxn:
             pre.append((self._begin, None, None))
             if self._write:  # the id whose fate a lost COMMIT is checked by
                 pre.append((_XID, None, self._xid))
+        pre.extend((q, p, None) for q, p in self._guard_statements())
         pre.extend(self._queue)
         pre.extend((q, p, None) for q, p in self._flush_statements())
+        self.speculate = False  # a round trip is paid now: read for real from here on
         while True:
             try:
                 self._store._statements += len(pre) + (query is not None)
@@ -323,8 +536,41 @@ class _PGTxn:
     def _fail(self, e: Exception, where: str) -> None:
         if _classify(e) == "lost" or self._conn.broken or self._conn.closed:
             self.lost = True
-        self.failed = _translate(e, where)
+        self.failed = self._guard_failed(e) or _translate(e, where)
         raise self.failed from e
+
+    def _guard_failed(self, e: BaseException) -> KVError | None:
+        from psycopg import errors
+
+        if self.assumed_keys and isinstance(e, errors.DivisionByZero):
+            err = SpeculationFailed("a value read from the cache had changed; rerun")
+            err.__cause__ = e
+            return err
+        return None
+
+    def _assume(self, keys: list[bytes]) -> bool:
+        """Answer reads of ``keys`` from the store's cache (a key it has no
+        entry for is assumed absent), to be verified by a guard; False when
+        one cannot be (a value too large to cache)."""
+        guesses = self._store._cache.guess(keys)
+        if guesses is None:
+            return False
+        for k, v in zip(keys, guesses):
+            self._known[k] = self._assumed[k] = v
+        self.assumed_keys.extend(keys)
+        return True
+
+    def _guard_statements(self) -> list[tuple[Any, Any]]:
+        if not self._assumed:
+            return []
+        keys, values, hashed = [], [], []
+        for k, v in self._assumed.items():
+            keys.append(k)
+            big = v is not None and len(v) > _HASH_OVER
+            values.append(hashlib.sha256(v).digest() if big and v is not None else v)
+            hashed.append(big)
+        self._assumed = {}
+        return [(self._q.guard, (_bytea_array(keys), _bytea_array(values), _bool_array(hashed)))]
 
     def _flush_statements(self) -> list[tuple[Any, Any]]:
         if not self._dirty:
@@ -333,9 +579,10 @@ class _PGTxn:
         dels = [k for k, v in self._dirty.items() if v is None]
         out: list[tuple[Any, Any]] = []
         if puts:
-            out.append((self._q.upsert, ([k for k, _ in puts], [v for _, v in puts])))
+            params = (_bytea_array([k for k, _ in puts]), _bytea_array([v for _, v in puts]))
+            out.append((self._q.upsert, params))
         if dels:
-            out.append((self._q.delete_many, (dels,)))
+            out.append((self._q.delete_many, (_bytea_array(dels),)))
         return out
 
     def _unsent_writes(self) -> list[tuple[Any, Any]]:
@@ -346,12 +593,19 @@ class _PGTxn:
     def finish(self, commit: bool) -> None:
         """COMMIT (with the buffered writes, one round trip) or ROLLBACK."""
         self._open = False
-        writes = self._unsent_writes() if commit else []
+        if commit and not self._begun and not self._queue and not self.lost:
+            # Only writes (and guesses), no read: BEGIN, one statement doing
+            # them all, and COMMIT, in one go.
+            one = self._write_all()
+            if one is not None:
+                self._commit_first([one], xid_in=True)
+            elif self._pre_rollback:
+                self._rollback_quietly()
+            return
+        writes = self._guard_statements() + self._unsent_writes() if commit else []
         if not self._begun or self.lost:
             if writes and not self.lost:
-                # Only writes, no read: BEGIN, the writes and COMMIT in one go.
-                first = [("ROLLBACK", None)] if self._pre_rollback else []
-                self._commit([*first, (self._begin, None), *writes], xid_after=len(first))
+                self._commit_first(writes, xid_in=False)
             elif self._pre_rollback and not self.lost:
                 self._rollback_quietly()
             return
@@ -364,30 +618,88 @@ class _PGTxn:
         except Exception:
             self.lost = True  # the server rolls back a broken session itself
 
-    def _commit(self, pre: list[tuple[Any, Any]], xid_after: int | None = None) -> None:
+    def _commit_first(self, writes: list[tuple[Any, Any]], *, xid_in: bool) -> None:
+        """Commit a transaction that has sent nothing yet. On a connection the
+        server already ended (a restart), send nothing: a new connection, or
+        a clear "not committed"."""
+        if _ended(self._conn) and not self._store._reconnect(self):
+            self.failed = StoreUnavailableError(
+                "commit: PostgreSQL unavailable; the transaction was not sent"
+            )
+            raise self.failed
+        first = [("ROLLBACK", None)] if self._pre_rollback else []
+        if xid_in and self._store._serializable.get(self._conn, False):
+            self._commit([*first, *writes], len(first) - 1, xid_in=True, implicit=True)
+            return
+        self._commit([*first, (self._begin, None), *writes], xid_after=len(first), xid_in=xid_in)
+
+    def _write_all(self) -> tuple[Any, Any] | None:
+        """The one statement of a write-only transaction (None: nothing to do)."""
+        if not self._assumed and not self._dirty:
+            return None
+        ak, av, ah = [], [], []
+        for k, v in self._assumed.items():
+            big = v is not None and len(v) > _HASH_OVER
+            ak.append(k)
+            av.append(hashlib.sha256(v).digest() if big and v is not None else v)
+            ah.append(big)
+        self._assumed = {}
+        puts = [(k, v) for k, v in self._dirty.items() if v is not None]
+        dels = [k for k, v in self._dirty.items() if v is None]
+        params = (
+            *(_bytea_array(ak), _bytea_array(av), _bool_array(ah)),
+            *(_bytea_array([k for k, _ in puts]), _bytea_array([v for _, v in puts])),
+            _bytea_array(dels),
+        )
+        return self._q.write_all, params
+
+    def _commit(
+        self,
+        pre: list[tuple[Any, Any]],
+        xid_after: int | None = None,
+        xid_in: bool = False,
+        implicit: bool = False,
+    ) -> None:
         """The buffered writes and COMMIT in one pipeline (one round trip). An
         error the server reports aborts the transaction (nothing committed).
         A connection lost on the way: the transaction's id, fetched with its
         first statement, is looked up on a new connection (txid_status), so
-        the outcome is known unless the server cannot be reached."""
+        the outcome is known unless the server cannot be reached.
+        ``implicit``: ``pre`` is one statement that is a whole transaction by
+        itself (autocommit, a SERIALIZABLE session), after ``ROLLBACK`` of a
+        lingering read if any: no BEGIN, no COMMIT."""
         with_xid = xid_after is not None
-        self._store._statements += 1 + len(pre) + with_xid
+        self._store._statements += (not implicit) + len(pre) + (with_xid and not xid_in)
         self._store._round_trips += 1
         try:
+            if implicit and len(pre) == 1:  # one statement: no pipeline needed
+                self._xid.cur = self._conn.cursor()
+                # Prepared (planned once per connection, as PostgresSaver's
+                # statements are); only here, outside any pipeline.
+                self._xid.cur.execute(*pre[0], prepare=True)
+                self._xid.rows = self._xid.cur.fetchall()
+                return
             with self._conn.pipeline():
                 for i, (q, params) in enumerate(pre):
+                    if xid_in and xid_after is not None and i == xid_after + 1:
+                        # this statement's result is the transaction's id
+                        self._xid.cur = self._conn.cursor()
+                        self._xid.cur.execute(q, params)
+                        continue
                     self._cur.execute(q, params)
-                    if i == xid_after:
+                    if i == xid_after and not xid_in:
                         self._xid.cur = self._conn.cursor()
                         self._xid.cur.execute(_XID)
-                self._cur.execute("COMMIT")
-                if with_xid:
-                    self._xid.rows = self._xid.cur.fetchall()
+                if not implicit:
+                    self._cur.execute("COMMIT")
+            if with_xid:  # after the pipeline: fetched inside, it would wait for a Flush
+                self._xid.rows = self._xid.cur.fetchall()
         except Exception as e:
             lost = _classify(e) == "lost" or self._conn.broken or self._conn.closed
             if not lost:
-                self._rollback_quietly()
-                self.failed = _translate(e, "commit")
+                if not implicit:  # an implicit transaction ended with its statement
+                    self._rollback_quietly()
+                self.failed = self._guard_failed(e) or _translate(e, "commit")
                 raise self.failed from e
             self.lost = True
             if with_xid and self._xid.rows is None and self._xid.cur is not None:
@@ -395,6 +707,11 @@ class _PGTxn:
                     self._xid.rows = self._xid.cur.fetchall()
                 except Exception:
                     pass
+            if with_xid and not self._xid.rows and _shut_down(e):
+                # The server's results come in order, and the first one is its
+                # notice that it ended the session: it executed nothing of ours.
+                self.failed = _translate(e, "commit")
+                raise self.failed from e
             fate = self._store._fate(self._xid.rows[0][0] if self._xid.rows else None)
             if fate == "committed":
                 return
@@ -423,6 +740,8 @@ class _PGTxn:
             return known[key]
         if len(key) > MAX_KEY:
             return None
+        if self.speculate and self._assume([key]):
+            return known[key]
         row = self._run(self._q.get, (key,)).fetchone()
         value = None if row is None else row[0]
         known[key] = value
@@ -433,8 +752,8 @@ class _PGTxn:
         keys = [bytes(k) for k in keys]
         known = self._known
         missing = [k for k in dict.fromkeys(keys) if k not in known and len(k) <= MAX_KEY]
-        if missing:
-            found = dict(self._run(self._q.get_many, (missing,)).fetchall())
+        if missing and not (self.speculate and self._assume(missing)):
+            found = dict(self._run(self._q.get_many, (_bytea_array(missing),)).fetchall())
             for k in missing:
                 known[k] = found.get(k)
         return [known.get(k) for k in keys]
@@ -447,6 +766,7 @@ class _PGTxn:
                 f"key of {len(key)} bytes is longer than PostgresStore's limit of {MAX_KEY} bytes"
             )
         self._known[key] = self._dirty[key] = value
+        self._unclaimed.clear()  # a scan queued before this write must not be shared after it
 
     def delete(self, key: bytes) -> bool:
         self._require_write()
@@ -454,6 +774,7 @@ class _PGTxn:
         if self.get(key) is None:
             return False
         self._known[key] = self._dirty[key] = None
+        self._unclaimed.clear()
         return True
 
     def delete_range(self, start: bytes | None, stop: bytes | None) -> int:
@@ -463,6 +784,8 @@ class _PGTxn:
         params = [b for b in (start, stop) if b is not None]
         q = self._q.delete_range(start is not None, stop is not None)
         n = int(self._run(q, params).rowcount)
+        self._unclaimed.clear()
+        self._ranges.append((start, stop))
         for k in [k for k in self._known if _inside(k, start, stop)]:
             self._known[k] = None
         return n
@@ -481,8 +804,9 @@ class _PGTxn:
         The first chunk's query is queued when ``scan`` is called and sent with
         the next round trip (any read's, or this iterator's first ``next``):
         a caller that calls ``scan`` and then ``get_many`` pays one round trip
-        for both. A scan called again with the same arguments before the first
-        one was iterated takes over its queued result."""
+        for both. Identical scans called before any of them is iterated share
+        the queued result: the first one iterated gets it (a later one asks
+        again), so a caller may queue a scan that a callee repeats."""
         if limit is not None and limit <= 0:
             return iter(())
         if start is not None and stop is not None and start >= stop:
@@ -491,10 +815,8 @@ class _PGTxn:
             raise StoreClosedError("transaction is finished")
         args = (start, stop, reverse, limit)
         token = object()
-        pending = self._unclaimed.pop(args, None)
-        if pending is not None:
-            pending.owner = token
-        else:
+        pending = self._unclaimed.get(args)
+        if pending is None:
             chunk = _FIRST_CHUNK if limit is None else min(limit, _MAX_CHUNK)
             pending = _Pending(args, chunk)
             # Writes made before this scan are sent before it.
@@ -516,7 +838,7 @@ class _PGTxn:
     def _scan(self, pending: _Pending, token: object) -> Iterator[tuple[bytes, bytes]]:
         start, stop, reverse, limit = pending.args
         chunk = pending.chunk
-        if pending.owner is None:
+        if pending.owner is None:  # the first one iterated gets the queued result
             pending.owner = token
             if self._unclaimed.get(pending.args) is pending:
                 del self._unclaimed[pending.args]
@@ -524,7 +846,7 @@ class _PGTxn:
             if pending.rows is None:
                 self._run(None, None)  # sends the queue, this scan's first chunk with it
             rows = pending.rows
-        else:  # taken over by a later identical scan: ask again
+        else:  # another identical scan was iterated first: ask again
             q, params = self._scan_query(start, stop, reverse, chunk)
             rows = self._run(q, params).fetchall()
         left = limit
@@ -607,7 +929,8 @@ class _WriteContext:
 class PostgresStore:
     """An ordered ``Store`` in one PostgreSQL table, shared by every process
     and machine that opens it. ``pipelines_reads``: a scan's first chunk is
-    queued until the next round trip (see ``kv.store``).
+    queued until the next round trip; ``write_conflicts``: a write transaction
+    can fail on a conflict with another writer (see ``kv.store``).
 
     Args:
         conninfo_or_pool: a connection string or URL (``postgresql://...``), or
@@ -621,10 +944,15 @@ class PostgresStore:
         pool_timeout: seconds to wait for a free pooled connection.
         retries: how many times ``transact`` reruns a function after a conflict
             or a lost connection before raising.
+        speculate: ``transact`` answers a function's first reads from a cache
+            of committed values and verifies them in the round trip that
+            commits (a put in one round trip; see ``transact``). False: every
+            read goes to the server.
         pool_options: more ``psycopg_pool.ConnectionPool`` keyword arguments.
     """
 
     pipelines_reads = True
+    write_conflicts = True
 
     def __init__(
         self,
@@ -638,6 +966,7 @@ class PostgresStore:
         statement_timeout: float = 30.0,
         pool_timeout: float = 30.0,
         retries: int = 10,
+        speculate: bool = True,
         pool_options: dict[str, Any] | None = None,
     ) -> None:
         _psycopg()
@@ -646,6 +975,7 @@ class PostgresStore:
         self.readonly = readonly
         self.table = table
         self.retries = retries
+        self.speculate = speculate
         self._q = _Queries(table)
         self._begin_write = "BEGIN ISOLATION LEVEL SERIALIZABLE"
         self._begin_read = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
@@ -658,9 +988,16 @@ class PostgresStore:
         self._linger_lock = threading.Lock()
         self._reaper: threading.Thread | None = None
         self._statements = 0  # statements sent (tests count round trips with these)
+        self._cache = _Cache()
+        self._adapted: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._misses = 0.0  # moving average of failed speculations
+        self.speculations = [0, 0]  # transact calls that speculated: [held, failed]
         self._round_trips = 0
         self._pid = os.getpid()
         self.pool_timeout = pool_timeout
+        # Connections whose sessions are SERIALIZABLE by default (our own
+        # pool's, checked once each): a write-only transaction is one statement.
+        self._serializable: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         if isinstance(conninfo_or_pool, ConnectionPool):
             self._owns_pool = False
             self._pool = conninfo_or_pool
@@ -670,10 +1007,13 @@ class PostgresStore:
             self._owns_pool = True
             self.conninfo = conninfo_or_pool
             ms = int(statement_timeout * 1000)
+            # SERIALIZABLE by default in our own sessions: a write-only
+            # transaction is then one statement, no BEGIN and COMMIT around it.
             kwargs = {
                 "autocommit": True,
                 "connect_timeout": max(2, int(connect_timeout)),
-                "options": f"-c statement_timeout={ms}",
+                "options": f"-c statement_timeout={ms} "
+                "-c default_transaction_isolation=serializable",
             }
             options: dict[str, Any] = {
                 "min_size": min_size,
@@ -743,6 +1083,17 @@ class PostgresStore:
         # No server-side prepared statements: after an error inside a pipeline
         # psycopg's cache can name a statement whose PREPARE was skipped.
         conn.prepare_threshold = None
+        if conn not in self._adapted:  # our arrays go as they are (_bytea_array)
+            _register_arrays(conn)
+            self._adapted.add(conn)
+            self._q.render(conn)
+            if self._owns_pool:
+                try:
+                    row = conn.execute("SHOW default_transaction_isolation").fetchone()
+                except Exception as e:
+                    self._putconn(conn, lost=True)
+                    raise _translate(e, "connect") from e
+                self._serializable[conn] = bool(row and row[0] == "serializable")
         return conn
 
     def _putconn(self, conn: Any, lost: bool) -> None:
@@ -796,6 +1147,8 @@ class PostgresStore:
             txn.finish(commit)
         finally:
             self._putconn(txn._conn, txn.lost)
+        if txn._write and commit:  # committed: what it read and wrote is the latest we know
+            self._cache.learn(txn._known, txn._ranges)
 
     def _linger(self, conn: Any) -> None:
         with self._linger_lock:
@@ -920,10 +1273,27 @@ class PostgresStore:
         ``fn`` on a fresh transaction after a serialization failure, a
         deadlock, or a connection lost before ``COMMIT`` was sent (bounded by
         ``retries``, exponential backoff with jitter); an exception of ``fn``
-        rolls back and reaches the caller. ``fn`` must act only through ``txn``."""
+        rolls back and reaches the caller. ``fn`` must act only through ``txn``.
+
+        Speculation (issue #14: a put in one round trip, COMMIT included):
+        ``fn``'s first reads are answered from a cache of the values this
+        process's committed write transactions wrote and read (a key not
+        cached is assumed absent: a new checkpoint's keys are), with no round
+        trip; one guard statement, sent in the same pipeline as the writes and
+        ``COMMIT``, checks under SERIALIZABLE that every such key still holds
+        the value assumed, and fails the transaction when one does not. Then
+        (or when ``fn`` raised an ordinary exception after a guess, since a
+        wrong guess may be why) ``fn`` is rerun at once reading from the
+        server, so a wrong guess costs a rerun, never a wrong write. Reads
+        after the transaction's first round trip are always real. Speculation
+        pauses while more than a quarter of recent guesses fail (another
+        machine writing the same threads)."""
         self._enter_writer()
         try:
             attempt = 0
+            speculate = self.speculate and self._misses < _SPECULATE_BELOW
+            if self.speculate and not speculate:
+                self._misses *= 0.95  # so that it is tried again some time
             while True:
                 try:
                     txn = self._open_txn(write=True)
@@ -931,15 +1301,28 @@ class PostgresStore:
                     if attempt >= self.retries:
                         raise
                 else:
+                    txn.speculate = speculate
                     error: BaseException | None = None
                     try:
                         result = fn(txn)
                     except BaseException as e:
                         error = e
+                    fn_raised = error is not None  # fn's own error, not the commit's
                     try:
                         self._close_txn(txn, commit=error is None)
                     except BaseException as e:
                         error = e if error is None else error
+                    if txn.assumed_keys:
+                        wrong = isinstance(error, SpeculationFailed) or (
+                            fn_raised and isinstance(error, Exception)
+                        )
+                        self.speculations[0 if error is None else 1] += 1
+                        self._misses = self._misses * 0.9 + (0.1 if wrong else 0.0)
+                        if error is not None:
+                            self._cache.forget(txn.assumed_keys)
+                        if wrong:
+                            speculate = False
+                            continue  # at once, reading from the server
                     if error is None:
                         return result
                     if not _retryable(error, txn) or attempt >= self.retries:

@@ -24,6 +24,10 @@ A store whose scans queue their first query until the next round trip (so a
 ``scan`` called before a ``get_many`` shares its round trip) says so with a
 class attribute ``pipelines_reads = True`` (``PostgresStore``); callers may
 then order their reads that way. Local stores have nothing to gain.
+A store whose write transactions can fail on a conflict with a concurrent
+writer (``StoreConflictError``; ``PostgresStore``, SERIALIZABLE) says so with
+``write_conflicts = True``: a caller that cannot rerun a ``write()`` block by
+itself uses ``transact``, which reruns its function.
 A store whose reads never wait for a lock, a writer, a network or a file
 read (a memory map, memory) says so with ``nonblocking_reads = True``
 (``LMDBStore``, ``MemoryStore``); an async caller may then read on its event

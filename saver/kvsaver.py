@@ -18,6 +18,7 @@ import inspect
 import os
 import random
 import time
+from collections import OrderedDict
 from collections.abc import (
     AsyncIterator,
     Callable,
@@ -221,6 +222,11 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # Reads that never wait on a disk sync, a lock or a writer (a memory-
         # mapped LMDB file, memory): aget_tuple runs them on the event loop.
         self._inline_reads = bool(getattr(self.store, "nonblocking_reads", False))
+        # Issue #14: (thread, ns) -> (id, channel_versions) of the last put here,
+        # on a store that pipelines reads (get_tuple guesses its reads from it).
+        self._last_put: OrderedDict[tuple[str, str], tuple[str, Any]] | None = (
+            OrderedDict() if getattr(self.store, "pipelines_reads", False) else None
+        )
         try:
             self._check_schema()
         except BaseException:
@@ -356,12 +362,15 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         rec: S.CheckpointRecord,
         config: RunnableConfig | None = None,
         metadata: CheckpointMetadata | None = None,
+        checkpoint: Checkpoint | None = None,
     ) -> CheckpointTuple:
         """A stored checkpoint record -> CheckpointTuple (blobs and writes
-        read in the same transaction). Used by get_tuple and list alike."""
+        read in the same transaction). Used by get_tuple and list alike.
+        ``checkpoint``: ``rec.checkpoint`` already decoded (``_load_page``)."""
         loads, blob = self._readers()
         thread, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
-        checkpoint: Checkpoint = loads(rec.checkpoint)
+        if checkpoint is None:
+            checkpoint = loads(rec.checkpoint)
         values: dict[str, Any] = {}
         keyed = S.blob_keys(thread, ns, checkpoint["channel_versions"])
         # Issue #14: on a network store the blobs are one get_many, and the
@@ -389,6 +398,28 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             pending_writes=writes,
         )
 
+    def _load_page(
+        self, txn: Any, found: builtins.list[tuple[S.CheckpointRecord, Any]]
+    ) -> builtins.list[CheckpointTuple]:
+        """``_load_tuple`` of each (record, metadata) of a ``list`` page. On a
+        store that pipelines reads (issue #14), the page's writes scans and
+        blobs go first, all in one round trip (a constant number per page,
+        not one per checkpoint); ``_load_tuple`` then finds them read."""
+        if len(found) < 2 or not getattr(self.store, "pipelines_reads", False):
+            return [self._load_tuple(txn, rec, metadata=m) for rec, m in found]
+        loads = self._readers()[0]
+        checkpoints = [loads(rec.checkpoint) for rec, _ in found]
+        keys: builtins.list[bytes] = []
+        for (rec, _), cp in zip(found, checkpoints):
+            t, ns = rec.thread_id, rec.checkpoint_ns
+            txn.scan(*S.writes_range(t, ns, rec.checkpoint_id))
+            keys.extend(key for _, key in S.blob_keys(t, ns, cp["channel_versions"]))
+        txn.get_many(keys)
+        return [
+            self._load_tuple(txn, rec, metadata=m, checkpoint=cp)
+            for (rec, m), cp in zip(found, checkpoints)
+        ]
+
     # -- reads --------------------------------------------------------------
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -397,12 +428,32 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         thread, ns, conf = _thread_ns(config, "get_tuple")
         checkpoint_id = conf.get("checkpoint_id")
         with self.store.read() as txn:
+            if self._last_put is not None:
+                self._guess_reads(txn, thread, ns, checkpoint_id)
             raw = TH.find_record(txn, thread, ns, checkpoint_id)
             if raw is None:
                 return None
             return self._load_tuple(
                 txn, S.decode_checkpoint(raw), config if checkpoint_id else None
             )
+
+    def _guess_reads(self, txn: Any, thread: str, ns: str, checkpoint_id: Any) -> None:
+        """Issue #14, on a store that pipelines reads: when this saver wrote
+        the checkpoint asked for (the thread's latest, as far as it knows),
+        queue the record's read, its writes scan and its blobs together, so
+        ``get_tuple`` is one round trip when the guess holds (what it then
+        reads is found read); a wrong guess costs bytes, not a round trip."""
+        guess = self._last_put.get((thread, ns)) if self._last_put is not None else None
+        if guess is None or (checkpoint_id and str(checkpoint_id) != guess[0]):
+            return
+        cid, versions = guess
+        keys = [key for _, key in S.blob_keys(thread, ns, versions)]
+        if checkpoint_id:
+            keys.append(S.checkpoint_key(thread, ns, cid))
+        else:
+            txn.scan(*S.checkpoints_range(thread, ns), reverse=True, limit=1)
+        txn.scan(*S.writes_range(thread, ns, cid))
+        txn.get_many(keys)
 
     def list(
         self,
@@ -448,12 +499,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # (position, raw_record) in output order; position resumes a scan.
         resume: Any = None
         while True:
-            chunk: list[CheckpointTuple] = []
+            found: list[tuple[S.CheckpointRecord, Any]] = []
             last_pos: Any = None
             exhausted = True
             with self.store.read() as txn:
                 for pos, raw in sources(txn, resume):
-                    if len(chunk) >= _LIST_CHUNK and not _same_id(pos, last_pos):
+                    if len(found) >= _LIST_CHUNK and not _same_id(pos, last_pos):
                         exhausted = False
                         break
                     last_pos = pos
@@ -463,11 +514,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                         metadata = self._readers()[0](rec.metadata)
                         if not _matches(metadata, filter):
                             continue
-                    chunk.append(self._load_tuple(txn, rec, metadata=metadata))
+                    found.append((rec, metadata))
                     if remaining is not None:
                         remaining -= 1
                         if remaining == 0:
                             break
+                chunk = self._load_page(txn, found)
             if chunk:
                 yield chunk
             if exhausted or remaining == 0:
@@ -578,7 +630,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             ns,
             checkpoint_id,
             parent_id,
-            dumps(cp),
+            codec.dumps_small(cp),  # a small record: zstd with a dictionary (issue #15)
             get_checkpoint_metadata(config, metadata),
             dumps,
         )
@@ -608,6 +660,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # transact(): concurrent puts share one commit and one sync.
         self.store.transact(write)
         codec.remember(thread, ns, checkpoint_id, cp.get("channel_versions"))
+        if self._last_put is not None:
+            _remember_put(self._last_put, (thread, ns), checkpoint_id, cp.get("channel_versions"))
         self._sweeper.maybe_step(self)  # retention: a bounded step when one is due
         return _config(thread, ns, checkpoint_id)
 
@@ -637,7 +691,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         checkpoint_id = _id(checkpoint_id, "put_writes: checkpoint_id")
         task_id = _id(task_id, "put_writes: task_id")
         task_path = _id(task_path, "put_writes: task_path")
-        dumps = self.serde.dumps_typed
+        dumps = D.codec(self.serde).dumps_small  # zstd with a dictionary (issue #15)
         idxs = [WRITES_IDX_MAP.get(channel, idx) for idx, (channel, _) in enumerate(writes)]
         keys = S.write_keys(thread, ns, checkpoint_id, task_id, idxs)
         entries = [
@@ -666,14 +720,14 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, blob and write of a thread, in one transaction."""
         thread = _id(thread_id, "delete_thread: thread_id")
-        with self.store.write() as txn:
-            TH.delete_thread(txn, thread)
+        self._maintain(lambda txn: TH.delete_thread(txn, thread))
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) created by the given runs,
         then the blobs no remaining checkpoint of those threads uses."""
         ids = _id_list(run_ids, "delete_for_runs(run_ids)")
-        with self.store.write() as txn:
+
+        def delete(txn: Any) -> None:  # may be rerun (transact): state lives in here
             touched: set[tuple[str, str]] = set()
             for run_id in ids:
                 for key, _ in list(txn.scan(*S.runs_range(run_id))):
@@ -688,6 +742,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             for thread, ns in sorted(touched):
                 TH.gc_blobs(txn, self.serde, thread, ns)
 
+        self._maintain(delete)
+
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, blob and write (the complete parent chain) of
         one thread to another, in one transaction. Records already on the
@@ -696,7 +752,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         dst = _id(target_thread_id, "copy_thread: target_thread_id")
         if src == dst:
             return
-        with self.store.write() as txn:
+
+        def copy(txn: Any) -> None:
             for kind in (S.BLOB, S.WRITE):
                 sp, dp = S.thread_prefix(kind, src), S.thread_prefix(kind, dst)
                 lo, hi = (S.blobs_range if kind == S.BLOB else S.writes_range)(src)
@@ -720,6 +777,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                     txn.put(key, b"")
             TH.touch(txn, dst, R.now_ms(self.clock))
 
+        self._maintain(copy)
+
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune threads: ``"keep_latest"`` keeps the latest checkpoint of each
         namespace with its writes and blobs; ``"delete"`` removes the threads.
@@ -732,13 +791,28 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         """
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"prune: unknown strategy {strategy!r}; use 'keep_latest' or 'delete'")
+
+        def prune_one(txn: Any, thread: str) -> None:
+            if strategy == "delete":
+                TH.delete_thread(txn, thread)
+                return
+            for ns in TH.namespaces(txn, thread):
+                TH.keep_latest(txn, self.serde, thread, ns)
+
         for thread in _id_list(thread_ids, "prune(thread_ids)"):
-            with self.store.write() as txn:
-                if strategy == "delete":
-                    TH.delete_thread(txn, thread)
-                    continue
-                for ns in TH.namespaces(txn, thread):
-                    TH.keep_latest(txn, self.serde, thread, ns)
+            self._maintain(lambda txn, thread=thread: prune_one(txn, thread))
+
+    def _maintain(self, fn: Callable[[Any], None]) -> None:
+        """One maintenance transaction. On a store whose write transactions
+        can conflict (PostgreSQL: ``write_conflicts``) through ``transact()``,
+        which reruns ``fn`` on a conflict instead of raising; elsewhere one
+        ``write()`` (on LMDB, transact's nested transaction would need free
+        pages that a full store, which a delete is there to relieve, lacks)."""
+        if getattr(self.store, "write_conflicts", False):
+            self.store.transact(fn)
+            return
+        with self.store.write() as txn:
+            fn(txn)
 
     # -- storage: retention, stats, allowlist --------------------------------------
 
@@ -1087,6 +1161,20 @@ class _Opening(AbstractContextManager, AbstractAsyncContextManager):
 
 
 # -- list helpers ---------------------------------------------------------------
+
+
+def _remember_put(
+    memo: OrderedDict[tuple[str, str], tuple[str, Any]], at: tuple[str, str], cid: str, vs: Any
+) -> None:
+    latest = memo.get(at)
+    if latest is None or latest[0] <= cid:  # ids grow: a put of an older one is no latest
+        memo[at] = (cid, dict(vs or {}))
+        try:  # puts from several threads: a guess, no need for a lock
+            memo.move_to_end(at)
+            while len(memo) > 4096:
+                memo.popitem(last=False)
+        except KeyError:
+            pass
 
 
 def _matches(metadata: Mapping[str, Any], filter: Mapping[str, Any]) -> bool:

@@ -731,6 +731,12 @@ def _copy_sqlite(
     split = _Splitter(loads, lazy=type(source_serde or JsonPlusSerializer()) is JsonPlusSerializer)
     raw_limit = _raw_copy_limit(source_serde or JsonPlusSerializer(), serde)
     dumps = serde.dumps_typed
+    # Checkpoints and writes as put/put_writes store them: small ones
+    # compressed with the dictionary (issue #15). Bytes copied as they are
+    # are the inner serializer's, except when the source's serializer is the
+    # destination's very object: then they are stored bytes already.
+    small = D.codec(serde)
+    stored_form = (source_serde or JsonPlusSerializer()) is serde
     # (channel, version) pairs of the current (thread, ns) already handled:
     # most of a checkpoint's channels are unchanged since its parent.
     seen: set[tuple[str, Any, type]] = set()
@@ -783,9 +789,12 @@ def _copy_sqlite(
                     if dry_run:
                         continue
                     if wvalue is not None and len(wvalue) < raw_limit and wtype != "pickle":
-                        value = (wtype, wvalue)  # the bytes dumps() would make again
+                        # the bytes the inner serializer would make again
+                        value = (wtype, wvalue)
+                        if not stored_form:
+                            value = small.wrap_small(wtype, wvalue)
                     else:
-                        value = dumps(loads((wtype, wvalue)))
+                        value = small.dumps_small(loads((wtype, wvalue)))
                     record = S.WriteRecord(task_id, str(channel), value, task_path, int(idx))
                     put(wkey, S.encode_write(record))
             if interrupted():  # a value of this batch may be a swallowed Ctrl-C's fallback
@@ -896,13 +905,21 @@ def _put_checkpoint(
                     thread, ns, {channel: version}, {channel: values[channel]()}, dumps
                 )
                 codec.write(txn, thread, ns, parent, one, put)
+            elif channel in values:
+                put(bkey, S.encode_blob(dumps(values[channel]())))
             else:
-                put(bkey, S.encode_blob(dumps(values[channel]()) if channel in values else None))
+                continue  # no value: no record (put writes none either, issue #15)
             put.stats.blobs_written += 1
         if not isinstance(metadata, dict):
             raise MigrationError(f"{where}: metadata is not a JSON object: {metadata!r}")
         record = S.make_checkpoint_record(
-            thread, ns, cid, parent, dumps(checkpoint), metadata, dumps
+            thread,
+            ns,
+            cid,
+            parent,
+            codec.dumps_small(checkpoint) if codec is not None else dumps(checkpoint),
+            metadata,
+            dumps,
         )
     except MigrationError:
         raise

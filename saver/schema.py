@@ -6,8 +6,10 @@ All keys are ``kv.keys.pack``-ed tuples; the first element names the keyspace.
 keyspace    key                                              value
 ==========  ===============================================  ==========================
 checkpoint  ("c", thread, ns, checkpoint_id)                 CheckpointRecord
-blob        ("b", thread, ns, channel, version)              type NUL bytes (type
-                                                             "empty": no value), or
+blob        ("b", thread, ns, channel, version)              type NUL bytes (no
+                                                             record, or type "empty"
+                                                             before format 4: no
+                                                             value), or
                                                              a delta record: 0xD1
                                                              [ref, n, depth, digest,
                                                              type, piece] (format 3)
@@ -41,7 +43,10 @@ format   written    difference from the next
                     writes (issue #12.1)
 2        after      no delta records among the blobs (issue #15)
          0.1.0
-3        after      (current)
+3        after      no checkpoint or pending write value compressed with
+         0.1.0      a dictionary (type suffix ".zd1", issue #15); a version
+                    without a value has an "empty" record (format 4: none)
+4        after      (current)
          0.1.0
 =======  =========  ==========================================================
 
@@ -111,7 +116,7 @@ import ormsgpack
 from kvsaver.kv import CorruptStoreError
 from kvsaver.kv.keys import pack, prefix_range, unpack
 
-FORMAT_VERSION = 3  # 3: delta records among the blobs (issue #15)
+FORMAT_VERSION = 4  # 3: delta records among the blobs; 4: ".zd1" values (issue #15)
 SCHEMA_KEY = pack(("meta", "schema"))
 _MAX_INLINE = 94  # escaped UTF-8 bytes; 5 inline strings + codes stay < 511
 

@@ -72,9 +72,20 @@ def _deltas_allowed(txn: Any) -> dict[str, int]:
     return {}
 
 
+def _small_dictionary_allowed(txn: Any) -> dict[str, int]:
+    """Format 3 -> 4 (issue #15): checkpoints, pending writes and small
+    values may now be zstd-compressed with ``compression.SMALL_DICT`` (type
+    ``"....zd1"``), and a channel version without a value has no record (it
+    had the "empty" marker, which still reads the same). Nothing to rewrite;
+    the number makes an older kvsaver refuse the store rather than fail on a
+    ``.zd1`` value."""
+    return {}
+
+
 UPGRADES: dict[int, Callable[[Any], dict[str, int]]] = {
     1: _writes_by_task_id,
     2: _deltas_allowed,
+    3: _small_dictionary_allowed,
 }
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import ormsgpack
+from kvsaver import CompressingSerializer
 from kvsaver import delta as D
 from kvsaver import schema as S
 from kvsaver.kv import Store
@@ -24,7 +25,7 @@ def call_mkdir(marker: Path) -> ormsgpack.Ext:
 
 
 def _with_call(typed: tuple[str, bytes], marker: Path) -> tuple[str, bytes]:
-    kind, raw = typed
+    kind, raw = CompressingSerializer().decompress_typed(*typed)  # ".zd1": issue #15
     assert kind == "msgpack", kind
     obj: Any = ormsgpack.unpackb(raw, ext_hook=ormsgpack.Ext, option=_OPT)
     obj["planted"] = call_mkdir(marker)

@@ -283,15 +283,18 @@ def check_tuple(tup: CheckpointTuple, *, expect_marker: bool = False) -> list[st
 
 
 def missing_blobs(saver: KVSaver, tup: CheckpointTuple) -> list[str]:
-    """Channel versions of a checkpoint with no blob record in the store (an
-    "empty" marker counts as present): a half-written checkpoint has some."""
+    """Versions of the graph's state channels (``count``, ``log``: they
+    always hold a value once written) with no blob record in the store: a
+    half-written checkpoint has some. LangGraph's own channels are not
+    checked: a consumed input or trigger has no value, and since issue #15
+    no record either (absent reads as empty)."""
     conf = tup.config["configurable"]
     thread, ns = conf["thread_id"], conf.get("checkpoint_ns", "")
     with saver.store.read() as txn:
         return [
             f"{conf['checkpoint_id']}: no blob for {ch}@{ver}"
             for ch, ver in tup.checkpoint["channel_versions"].items()
-            if txn.get(S.blob_key(thread, ns, ch, ver)) is None
+            if ch in ("count", "log") and txn.get(S.blob_key(thread, ns, ch, ver)) is None
         ]
 
 

@@ -456,3 +456,64 @@ def test_concurrent_compressions_each_round_trip() -> None:
     for t in threads:
         t.join()
     assert out == dict(enumerate(values))
+
+
+# -- small values with the dictionary (issue #15) ----------------------------------------
+
+
+def _chat_bytes() -> bytes:
+    from langchain_core.messages import AIMessage, HumanMessage
+
+    msgs = [HumanMessage(words(40, seed=1), id="h1"), AIMessage(words(40, seed=2), id="a1")]
+    return JsonPlusSerializer().dumps_typed(msgs)[1]
+
+
+def test_the_dictionary_never_changes() -> None:
+    """SMALL_DICT's bytes are part of the stored format: values written with
+    it only read with the very same bytes."""
+    import hashlib
+
+    assert len(C.SMALL_DICT) == 1398
+    assert hashlib.sha256(C.SMALL_DICT).hexdigest() == (
+        "1651ce85502f0c631cccf766a6a42c567354562447e7ee08a7a63ac9f3bd1639"
+    )
+
+
+def test_compress_small_marks_and_round_trips() -> None:
+    import zstandard
+
+    serde = CompressingSerializer()
+    data = _chat_bytes()
+    assert C.SMALL_MIN <= len(data) < C.DEFAULT_THRESHOLD
+    typ, packed = serde.compress_small("msgpack", data)
+    assert typ == "msgpack" + C.DICT_SUFFIX
+    # the dictionary is what pays: plain zstd of the same bytes is much larger
+    assert len(packed) < 0.8 * len(zstandard.ZstdCompressor(level=1).compress(data))
+    fresh = CompressingSerializer()  # no cache: decompresses
+    want = JsonPlusSerializer().loads_typed(("msgpack", data))
+    assert fresh.loads_typed((typ, packed)) == want
+    assert C.loader(CompressingSerializer())((typ, packed)) == want
+    assert fresh.decompress_typed(typ, packed) == ("msgpack", data)
+    # too small, large enough for the threshold, never compressing, incompressible
+    assert serde.compress_small("msgpack", data[:100]) == ("msgpack", data[:100])
+    big = JsonPlusSerializer().dumps_typed(words(3000))[1]
+    assert serde.compress_small("msgpack", big)[0] == "msgpack.zst"
+    off = CompressingSerializer(threshold=None)
+    assert off.compress_small("msgpack", data) == ("msgpack", data)
+    noise = os.urandom(600)
+    assert serde.compress_small("bytes", noise) == ("bytes", noise)
+
+
+def test_dictionary_frames_are_cached_apart() -> None:
+    """The same frame bytes mean other bytes with the dictionary: a ".zst"
+    read of a ".zd1" frame must not be served the ".zd1" value."""
+    import zstandard
+
+    serde = CompressingSerializer()
+    data = _chat_bytes()
+    _, packed = serde.compress_small("msgpack", data)
+    try:
+        _, out = serde.decompress_typed("msgpack.zst", packed)
+    except zstandard.ZstdError:
+        return
+    assert out != data

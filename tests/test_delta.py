@@ -342,8 +342,8 @@ def test_old_format_store_reads_and_extends(tmp_path: Any) -> None:
     with KVSaver(path) as new:
         with new.store.read() as txn:
             record = S.decode_schema_record(txn.get(S.SCHEMA_KEY))
-        assert record["format"] == S.FORMAT_VERSION == 3
-        assert record["upgrades"] == [{"from": 2, "to": 3}]
+        assert record["format"] == S.FORMAT_VERSION == 4
+        assert record["upgrades"] == [{"from": 2, "to": 3}, {"from": 3, "to": 4}]
         _chat(new, "t", 4, start=6, parent=last)
         assert any(_kinds(new, "t"))
         got = [t.checkpoint for t in new.list(_cfg("t"))][4:]
@@ -534,3 +534,109 @@ def test_a_chain_resolves_over_a_copys_source_records() -> None:
         over_store = D.Codec(saver.serde).resolve(txn, top, raw)
     assert over_dict is not None and over_store is not None
     assert over_dict.plain == over_store.plain
+
+
+# -- small values with the dictionary (compression.SMALL_DICT) ---------------------------
+
+
+def _chat_graph(saver: Any, thread: str, turns: int) -> Any:
+    """A real chat graph (add_messages, a node answering each human message)."""
+    from langgraph.graph import START, StateGraph
+    from langgraph.graph.message import MessagesState
+
+    def reply(state: MessagesState) -> dict[str, Any]:
+        n = len(state["messages"])
+        return {"messages": [AIMessage(f"an answer of some words {n} " * 12, id=f"a{n}")]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("reply", reply)
+    builder.add_edge(START, "reply")
+    graph = builder.compile(checkpointer=saver)
+    cfg = {"configurable": {"thread_id": thread}}
+    for i in range(turns):
+        question = HumanMessage(f"a question of words {i} " * 12, id=f"h{i}")
+        graph.invoke({"messages": [question]}, cfg)
+    return graph
+
+
+def _stored_types(saver: KVSaver) -> dict[str, list[str]]:
+    """Serde types of every stored checkpoint, pending write of "messages",
+    delta piece and non-empty ``__start__`` blob."""
+    out: dict[str, list[str]] = {"checkpoint": [], "write": [], "piece": [], "start": []}
+    with saver.store.read() as txn:
+        for _, raw in txn.scan(*S.keyspace_range(S.CHECKPOINT)):
+            out["checkpoint"].append(S.decode_checkpoint(raw).checkpoint[0])
+        for _, raw in txn.scan(*S.keyspace_range(S.WRITE)):
+            if (w := S.decode_write(raw)).channel == "messages":
+                out["write"].append(w.value[0])
+        for key, raw in txn.scan(*S.keyspace_range(S.BLOB)):
+            if D.is_delta(raw):
+                out["piece"].append(D.decode(raw).typ)
+            elif b"__start__" in key and (typed := S.decode_blob(raw)) is not None:
+                out["start"].append(typed[0])
+    return out
+
+
+def test_small_records_are_compressed_with_the_dictionary() -> None:
+    """Issue #15: checkpoints, pending writes, delta pieces and the graph's
+    input are a few hundred bytes each, under the 2 KiB threshold; they are
+    stored zstd-compressed with the built-in dictionary (".zd1"), and every
+    state reads back as InMemorySaver's, also through a fresh serializer."""
+    saver = KVSaver(":memory:")
+    graph = _chat_graph(saver, "t", 6)
+    types = _stored_types(saver)
+    assert all(v for v in types.values()), types
+    assert all(t == "msgpack.zd1" for ts in types.values() for t in ts), types
+    ref = _chat_graph(InMemorySaver(), "t", 6)
+    cfg = {"configurable": {"thread_id": "t"}}
+    want = [s.values for s in ref.get_state_history(cfg)]
+    assert [s.values for s in graph.get_state_history(cfg)] == want
+    fresh = _chat_graph(_fresh(saver), "u", 0)
+    assert [s.values for s in fresh.get_state_history(cfg)] == want
+
+
+def test_small_records_with_encryption_and_without_compression() -> None:
+    serde = EncryptedSerializer(_Xor())
+    enc = KVSaver(":memory:", serde=serde)
+    _chat_graph(enc, "t", 3)
+    types = _stored_types(enc)
+    assert all(t == "msgpack.zd1+xor" for ts in types.values() for t in ts), types
+    cfg = {"configurable": {"thread_id": "t"}}
+    cold = _chat_graph(KVSaver(enc.store, serde=EncryptedSerializer(_Xor())), "u", 0)
+    assert len(cold.get_state(cfg).values["messages"]) == 6
+    plain = KVSaver(":memory:", compress=False)
+    _chat_graph(plain, "t", 3)
+    assert not any(t.endswith(".zd1") for ts in _stored_types(plain).values() for t in ts)
+
+
+def test_a_version_without_a_value_stores_no_record() -> None:
+    """A channel version without a value (a graph's consumed input and
+    triggers) is stored as no record at all, which reads as the "empty"
+    marker did; a stored value overwritten by no value at the same version
+    is deleted, as InMemorySaver's overwrite makes both read empty."""
+    saver = KVSaver(":memory:")
+    _chat_graph(saver, "t", 3)
+    with saver.store.read() as txn:
+        blobs = list(txn.scan(*S.keyspace_range(S.BLOB)))
+    assert blobs and all(D.is_delta(raw) or S.decode_blob(raw) is not None for _, raw in blobs)
+    cfg = {"configurable": {"thread_id": "t"}}
+    tup = saver.get_tuple(cfg)
+    assert tup is not None
+    assert set(tup.checkpoint["channel_versions"]) > set(tup.checkpoint["channel_values"])
+
+    for s in (KVSaver(":memory:"), InMemorySaver()):
+        v = {"x": s.get_next_version(None, None)}
+        first = empty_checkpoint()
+        first["id"] = "1"
+        first["channel_values"], first["channel_versions"] = {"x": [1, 2]}, dict(v)
+        s.put(_cfg("u"), first, {}, v)
+        again = empty_checkpoint()
+        again["id"] = "2"
+        again["channel_values"], again["channel_versions"] = {}, dict(v)
+        s.put(_cfg("u", "1"), again, {}, v)
+        for cid in ("1", "2"):
+            got = s.get_tuple(_cfg("u", cid))
+            assert got is not None and got.checkpoint["channel_values"] == {}, (s, cid)
+        if isinstance(s, KVSaver):
+            with s.store.read() as txn:
+                assert list(txn.scan(*S.blobs_range("u"))) == []

@@ -255,6 +255,87 @@ def test_reads_see_the_snapshot_their_id_names(tmp_path: Path) -> None:
         assert reads >= 1000, (name, reads)
 
 
+def test_a_read_during_another_commits_meta_flush_begins_once_more(tmp_path: Path) -> None:
+    """Issue #13: at durability "full" a writer keeps its meta page N+1 written
+    but N+1 unpublished for a whole device flush, and a read begun then (id N)
+    sees a meta page newer than its id. Re-beginning until N+1 is published
+    cost such a read 32 begins (a third of all reads beside a busy writer);
+    one probe begin that still gets N proves the copy was N's."""
+    store = LMDBStore(str(tmp_path / "s"))
+    with store.write() as txn:
+        txn.put(b"k", b"v")
+    env = store._env
+    real, last_txnid = env.env, env.last_txnid
+    begins = []
+
+    class CountingBegins:
+        def begin(self, **kw: Any) -> Any:
+            begins.append(1)
+            return real.begin(**kw)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    # N+1's meta page is there; the lock table still says N
+    env.last_txnid = lambda: last_txnid() + 1  # type: ignore[method-assign]
+    env.env = CountingBegins()
+    try:
+        with store.read() as txn:
+            assert txn.get(b"k") == b"v"
+    finally:
+        env.env = real
+        del env.last_txnid
+    assert len(begins) == 2
+    store.close()
+
+
+def test_last_txnid_is_lmdbs_newest_meta_page(tmp_path: Path) -> None:
+    """_Env.last_txnid reads the meta pages itself (env.info() releases the
+    GIL, issue #13); it must agree with LMDB, in this process and another's."""
+    path = str(tmp_path / "s")
+    store = LMDBStore(path)
+    reader = CTX.Process(target=_commit_one, args=(path,))
+    for i in range(5):
+        with store.write() as txn:
+            txn.put(b"k", b"%d" % i)
+        assert store._env.last_txnid() == store._env.env.info()["last_txnid"] == i + 1
+    reader.start()
+    reader.join(START_TIMEOUT)
+    assert reader.exitcode == 0
+    assert store._env.last_txnid() == store._env.env.info()["last_txnid"] == 6
+    store.close()
+
+
+def test_a_read_does_not_call_env_info(tmp_path: Path) -> None:
+    """py-lmdb's env.info() releases the GIL: an event loop reading inline
+    (KVSaver.aget_tuple) then waited up to a switch interval for it at every
+    read while worker threads serialized (issue #13, worst loop lag)."""
+    store = LMDBStore(str(tmp_path / "s"))
+    with store.write() as txn:
+        txn.put(b"k", b"v")
+    real = store._env.env
+
+    class NoInfo:
+        def info(self) -> None:
+            raise AssertionError("env.info() in a read")
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    store._env.env = NoInfo()
+    try:
+        with store.read() as txn:
+            assert txn.get(b"k") == b"v"
+    finally:
+        store._env.env = real
+    store.close()
+
+
+def _commit_one(path: str) -> None:
+    with LMDBStore(path) as store, store.write() as txn:
+        txn.put(b"other", b"process")
+
+
 # -- (b) map growth across processes --------------------------------------------
 
 ITEMS_PER_ROUND = 64

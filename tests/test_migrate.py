@@ -111,7 +111,7 @@ def test_real_graphs_migrate_verify_and_resume_identically(graphs_db, tmp_path):
         assert [r[:4] for r in recs] == [r[:4] for r in rows]
         for r, w in zip(rows, recs):
             assert kv.serde.loads_typed(w[4:]) == src.serde.loads_typed(r[4:])
-            assert w[4:] == r[4:] or w[4].endswith(".zst")
+            assert w[4:] == r[4:] or w[4].endswith((".zst", ".zd1"))
         assert any(path for _, path, *_ in rows) and any(idx < 0 for _, _, idx, *_ in rows)
         # Metadata is exactly SqliteSaver's (no config value merged in).
         for a, b in zip(src.list(None), kv.list(None)):
@@ -486,7 +486,7 @@ def test_encrypted_destination_reencodes(graphs_db, tmp_path):
         types = {w.value[0] for w in _write_records(kv.store)}
         assert types and all(t.endswith("+aes") for t in types)
     with KVSaver(str(tmp_path / "state")) as plain:  # without the key nothing decodes
-        with pytest.raises(EncryptedValueError, match=r"type 'msgpack(\.zst)?\+aes'"):
+        with pytest.raises(EncryptedValueError, match=r"type 'msgpack(\.zst|\.zd1)?\+aes'"):
             list(plain.list(None))
 
 
@@ -734,3 +734,29 @@ def test_verification_never_runs_code_named_in_stored_data(tmp_path):
     with KVSaver(dest, serde=permissive) as kv:
         kv.get_tuple({"configurable": {"thread_id": "thread-0000"}})
     assert marker.is_dir()
+
+
+def test_one_encrypted_serializer_for_source_and_destination(tmp_path):
+    """Writes copied as they are when the source's serializer is the
+    destination's very object are stored bytes already (encrypted): they are
+    not compressed or encrypted again (issue #15's small-value compression)."""
+    from kvsaver import CompressingSerializer
+
+    serde = EncryptedSerializer.from_pycryptodome_aes(key=b"0123456789abcdef")
+    serde.serde = CompressingSerializer(serde.serde)
+    db = str(tmp_path / "enc.sqlite")
+    src = SqliteSaver(sqlite3.connect(db, check_same_thread=False), serde=serde)
+    v = {"messages": src.get_next_version(None, None)}
+    cp = empty_checkpoint()
+    cp["channel_values"], cp["channel_versions"] = {"messages": ["x"]}, dict(v)
+    saved = src.put({"configurable": {"thread_id": "t", "checkpoint_ns": ""}}, cp, {}, v)
+    value = "a pending write long enough to be compressed " * 8
+    src.put_writes(saved, [("messages", value)], "task-1")
+    src.conn.close()
+    with KVSaver(str(tmp_path / "state"), serde=serde) as kv:
+        assert kv.serde is serde
+        migrate_from_sqlite(db, kv, source_serde=serde)
+        [w] = _write_records(kv.store)
+        assert w.value[0] == "msgpack+aes"
+        t = kv.get_tuple({"configurable": {"thread_id": "t"}})
+        assert t is not None and t.pending_writes == [("task-1", "messages", value)]

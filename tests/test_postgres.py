@@ -49,10 +49,11 @@ def _admin(url: str, query: Any, params: Any = None) -> list[Any]:
 
 def _kill_sessions(url: str, table: str | None = None) -> int:
     """pg_terminate_backend every other session (of this database): what a
-    failover or a network cut does to a pool's connections."""
+    failover or a network cut does to a pool's connections. Returns once they
+    have ended (as after a restart), not while their ending is in flight."""
     rows = _admin(
         url,
-        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+        "SELECT count(pg_terminate_backend(pid, 10000)) FROM pg_stat_activity "
         "WHERE pid <> pg_backend_pid() AND datname = current_database() "
         "AND backend_type = 'client backend'",
     )
@@ -64,8 +65,10 @@ def _kill_sessions(url: str, table: str | None = None) -> int:
 
 class TracedPool:
     """A one-connection pool whose connection writes libpq's protocol trace
-    to a file: every client Sync message is one round trip (the client then
-    waits for the server), counted independently of the store's code."""
+    to a file: a round trip is a run of client messages that ends in a Sync
+    or a Flush (the client then waits for the server's answer; a Flush in
+    the middle of a pipeline is a round trip too), counted independently of
+    the store's code."""
 
     def __init__(self, url: str) -> None:
         self.trace = tempfile.TemporaryFile()
@@ -73,6 +76,8 @@ class TracedPool:
         def configure(conn: psycopg.Connection) -> None:
             conn.pgconn.trace(self.trace.fileno())
             conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+
+        self.configure = configure  # also for a store's own pool (pool_options)
 
         self.pool = ConnectionPool(
             url, min_size=1, max_size=1, kwargs={"autocommit": True}, configure=configure
@@ -86,9 +91,16 @@ class TracedPool:
         fn()
         self.trace.seek(0)
         lines = self.trace.read().decode(errors="replace").splitlines()
-        syncs = sum(1 for ln in lines if ln.startswith("F\t") and "\tSync" in ln)
+        waits, run = 0, False  # run: client messages since the last server message
+        for ln in lines:
+            if ln.startswith("F\t"):
+                if ("\tSync" in ln or "\tFlush" in ln) and not run:
+                    waits += 1
+                    run = True
+            elif ln.startswith("B\t"):
+                run = False
         queries = sum(1 for ln in lines if ln.startswith("F\t") and "\tExecute" in ln)
-        return syncs, queries
+        return waits, queries
 
     def close(self) -> None:
         self.pool.close()
@@ -110,16 +122,21 @@ def _chat(saver: KVSaver, thread: str, n: int) -> list[str]:
 def test_round_trips_per_operation(postgres_url: str, table: str) -> None:
     """get_tuple = 2 round trips (BEGIN + the record's reverse scan; the
     writes scan + the blobs' get_many; its ROLLBACK travels with the next
-    transaction's first statement), put = 1 + the commit, put_writes = 1 +
-    the commit. Counted from libpq's trace."""
+    transaction's first statement), 1 for the latest checkpoint when this
+    saver wrote it (all three queued together); put and put_writes = 1, COMMIT included
+    (their reads answered from the store's cache, verified by a guard in the
+    same pipeline); list of a page = 2 (the records' scan; every writes scan
+    and blob of the page). Counted from libpq's trace."""
     traced = TracedPool(postgres_url)
+    saver = KVSaver(PostgresStore(traced.pool, table=table))
+    other = KVSaver(PostgresStore(traced.pool, table=table))  # wrote nothing: no guess
     try:
-        saver = KVSaver(PostgresStore(traced.pool, table=table))
         _chat(saver, "t", 20)
         saver.put_writes(config("t", "", "0019"), [("a", 1), ("b", 2)], "task")
         latest = config("t")
         figures = {
             "get_tuple (latest)": traced.count(lambda: saver.get_tuple(latest)),
+            "get_tuple (latest, another saver)": traced.count(lambda: other.get_tuple(latest)),
             "get_tuple (by id)": traced.count(lambda: saver.get_tuple(config("t", "", "0010"))),
             "put": traced.count(
                 lambda: saver.put(
@@ -136,12 +153,37 @@ def test_round_trips_per_operation(postgres_url: str, table: str) -> None:
         }
         print("\nround trips, statements per operation:", json.dumps(figures))
         assert saver.get_tuple(latest).pending_writes == [("t2", "a", 1), ("t2", "b", 2)]
-        assert figures["get_tuple (latest)"][0] == 2
+        assert figures["get_tuple (latest)"][0] == 1
+        assert figures["get_tuple (latest, another saver)"][0] == 2
         assert figures["get_tuple (by id)"][0] == 2
-        assert figures["put"][0] == 2  # the reads (one get_many), then writes + COMMIT
-        assert figures["put_writes"][0] == 2
-        assert figures["list (limit 10)"][0] == 11  # the records' scan, then one per checkpoint
+        assert figures["put"][0] == 1  # BEGIN, guard, writes, COMMIT: one pipeline
+        assert figures["put_writes"][0] == 1
+        assert figures["list (limit 10)"][0] == 2  # the records; the page's writes and blobs
+        held, failed = saver.store.speculations
+        assert failed == 0 and held >= 20
+
+        # A store on its own pool: its sessions are SERIALIZABLE by default, so
+        # a write-only transaction is a single statement (no BEGIN, no COMMIT).
+        own = KVSaver(
+            PostgresStore(
+                postgres_url, table=table, max_size=1, pool_options={"configure": traced.configure}
+            )
+        )
+        try:
+            own.put(config("t", "", "0020"), make_checkpoint("0021", {}, {}), {}, {})
+            put = traced.count(
+                lambda: own.put(config("t", "", "0021"), make_checkpoint("0022", {}, {}), {}, {})
+            )
+            writes = traced.count(lambda: own.put_writes(config("t", "", "0022"), [("a", 1)], "t3"))
+            print("own pool: put, put_writes:", put, writes)
+            assert put == (1, 1) and writes == (1, 1)
+        finally:
+            own.store.close()  # a passed-in store is not closed by the saver
     finally:
+        # The stores first: a read's connection lingering in one of them would
+        # outlive the pool and write its trace into a closed, reused descriptor.
+        for one in (saver, other):
+            one.store.close()
         traced.close()
 
 
@@ -185,9 +227,10 @@ def test_transact_reruns_the_function_after_a_serialization_failure(
 ) -> None:
     """Two stores (two machines) increment one counter; the first attempt of
     each is held until both have read it, so one of them must fail to
-    serialize and be rerun. Every increment lands exactly once."""
-    a = PostgresStore(postgres_url, table=table)
-    b = PostgresStore(postgres_url, table=table)
+    serialize and be rerun. Every increment lands exactly once. (Reads from
+    the server: speculation off, so both reads happen before the barrier.)"""
+    a = PostgresStore(postgres_url, table=table, speculate=False)
+    b = PostgresStore(postgres_url, table=table, speculate=False)
     try:
         a.transact(lambda txn: txn.put(b"n", b"0"))
         both_read = threading.Barrier(2, timeout=10)
@@ -537,3 +580,163 @@ def test_move_an_lmdb_directory_to_postgres_with_copy_all(
         assert stats.checkpoints_copied == stats.verified == n
         assert copy_all(local, shared).checkpoints_copied == 0  # a re-run adds nothing
         assert resume_all(shared) == resume_all(local)  # the threads continue the same
+
+
+# -- speculation: reads answered from the cache, verified in the commit --------------
+
+
+def test_a_stale_cached_read_is_caught_by_the_guard_and_rerun(
+    postgres_url: str, table: str
+) -> None:
+    """Store a caches n=1 (it wrote it); store b (another machine) sets n=2.
+    a's increment first reads the stale 1 from its cache: the guard in its
+    committing pipeline fails, nothing is applied, the function is rerun
+    reading from the server. Exactly one increment lands, on 2."""
+    a = PostgresStore(postgres_url, table=table)
+    b = PostgresStore(postgres_url, table=table)
+    try:
+        a.transact(lambda txn: txn.put(b"n", b"1"))
+        b.transact(lambda txn: txn.put(b"n", b"2"))
+        seen: list[bytes | None] = []
+
+        def incr(txn: Any) -> None:
+            v = txn.get(b"n")
+            seen.append(v)
+            txn.put(b"n", b"%d" % (int(v) + 1))
+
+        a.transact(incr)
+        assert seen == [b"1", b"2"]  # the cached guess, then the server's value
+        assert _counter(a) == 3
+        assert a.speculations == [0, 1]
+        seen.clear()
+        a.transact(incr)  # the cache is right now: one attempt
+        assert seen == [b"3"] and _counter(a) == 4
+        assert a.speculations == [1, 1]
+
+        # A guess that makes the function raise (a key assumed absent that is
+        # not) reruns it too, instead of raising what the guess caused.
+        fresh = PostgresStore(postgres_url, table=table)
+        try:
+            seen.clear()
+            fresh.transact(incr)
+            assert seen == [None, b"4"] and _counter(a) == 5
+        finally:
+            fresh.close()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_two_savers_writing_one_thread_in_turn_stay_exact(postgres_url: str, table: str) -> None:
+    """Two KVSavers, each with its own store (two machines), put the
+    checkpoints of one growing chat in turn: each one's cached view of the
+    thread (its delta base, the activity record) is stale every other put.
+    The guards catch it: every checkpoint reads back exact from a third."""
+    a = KVSaver(PostgresStore(postgres_url, table=table))
+    b = KVSaver(PostgresStore(postgres_url, table=table))
+    c = KVSaver(PostgresStore(postgres_url, table=table))
+    try:
+        parent, expected = None, {}
+        for i in range(12):
+            saver = (a, b)[i % 2]
+            cid = f"{i:04d}"
+            values = {"messages": [f"message {j} " * 20 for j in range(i + 1)], "other": i}
+            versions = {"messages": f"{i + 1:08d}", "other": f"{i + 1:08d}"}
+            saver.put(config("t", "", parent), make_checkpoint(cid, values, versions), {}, versions)
+            saver.put_writes(config("t", "", cid), [("w", i)], f"task{i}")
+            expected[cid] = values
+            parent = cid
+            for reader in (a, b):  # one of them guesses its own, older latest
+                got = reader.get_tuple(config("t"))
+                assert got is not None and got.checkpoint["id"] == cid
+                assert got.checkpoint["channel_values"] == values
+                assert got.pending_writes == [(f"task{i}", "w", i)]
+        for cid, values in expected.items():
+            got = c.get_tuple(config("t", "", cid))
+            assert got is not None and got.checkpoint["channel_values"] == values
+            assert got.pending_writes == [(f"task{int(cid)}", "w", int(cid))]
+        failed = a.store.speculations[1] + b.store.speculations[1]
+        assert failed >= 1  # the stale guesses were made, and caught
+    finally:
+        for s in (a, b, c):
+            s.close()
+
+
+# -- maintenance goes through transact(): conflicts are retried ----------------------
+
+
+class _Interleaved(PostgresStore):
+    """Runs ``between()`` once, when the first write transaction has done its
+    work and is about to commit: another connection commits there. Counts
+    the write transactions that try to commit."""
+
+    attempts = 0
+    between: Any = None
+
+    def _close_txn(self, txn: Any, commit: bool) -> None:
+        if txn._write and commit:
+            self.attempts += 1
+            if self.attempts == 1 and self.between is not None:
+                self.between()
+        super()._close_txn(txn, commit)
+
+
+@pytest.mark.parametrize("op", ["delete_thread", "prune", "copy_thread", "delete_for_runs"])
+def test_maintenance_retries_a_serialization_conflict(
+    postgres_url: str, table: str, op: str
+) -> None:
+    """Another connection reads the thread's keys and writes a key into the
+    thread's ranges, and commits while the operation's first attempt is in
+    flight: a write skew SERIALIZABLE refuses. The operation is rerun (it
+    used to raise StoreConflictError) and its result includes that write."""
+    store = _Interleaved(postgres_url, table=table)
+    saver = KVSaver(store)
+    try:
+        _chat(saver, "t", 3)
+        versions = {"messages": 4, "other": 1}
+        saver.put(
+            config("t", "", "0002"),
+            make_checkpoint("0003", {"messages": [0, 1, 2, 3], "other": "x"}, versions),
+            {"run_id": "r1"},
+            versions,
+        )
+        for cid in ("0000", "0001", "0002", "0003"):
+            saver.put_writes(config("t", "", cid), [("a", 1)], "task")
+        other = psycopg.connect(postgres_url, autocommit=True)
+        ident = sql.Identifier(table)
+        other.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
+        other.execute(sql.SQL("SELECT count(*) FROM {}").format(ident))  # reads every key
+        # A write (one more pending write of the latest checkpoint) the first
+        # attempt cannot see; its scans cover it.
+        from kvsaver import schema as S
+
+        extra = S.write_keys("t", "", "0003", "late", [0])[0]
+        value = S.encode_write(S.WriteRecord("late", "b", saver.serde.dumps_typed(2), "", 0))
+        other.execute(sql.SQL("INSERT INTO {} VALUES (%b, %b)").format(ident), (extra, value))
+        store.between = lambda: other.execute("COMMIT")
+        store.attempts = 0
+        if op == "delete_thread":
+            saver.delete_thread("t")
+        elif op == "prune":
+            saver.prune(["t"], strategy="delete")
+        elif op == "copy_thread":
+            saver.copy_thread("t", "u")
+        else:
+            saver.delete_for_runs(["r1"])
+        other.close()
+        assert store.attempts == 2  # rerun once, not raised
+        if op in ("delete_thread", "prune"):
+            assert store.attempts == 2  # rerun once, not raised
+            assert saver.get_tuple(config("t")) is None
+            with store.read() as txn:
+                assert txn.get(extra) is None  # the rerun saw the late write
+        elif op == "copy_thread":
+            got = saver.get_tuple(config("u"))
+            assert got is not None and ("late", "b", 2) in got.pending_writes
+        else:
+            assert saver.get_tuple(config("t", "", "0003")) is None
+            assert saver.get_tuple(config("t")).checkpoint["id"] == "0002"
+            with store.read() as txn:
+                assert txn.get(extra) is None
+    finally:
+        saver.close()

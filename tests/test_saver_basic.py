@@ -190,8 +190,9 @@ def test_put_writes_blobs_only_for_new_versions(kv: KVSaver) -> None:
     # No new version at all: no blob at all.
     kv.put(config("t", "", "2"), make_checkpoint("3", {**values, "b": [4]}, v2), {}, {})
     assert len(blob_keys(kv)) == 4
-    # A channel in new_versions without a value gets the "empty" marker, and
-    # reads back as absent (as InMemorySaver's "empty" blobs do).
+    # A channel in new_versions without a value gets no record (before issue
+    # #15: the "empty" marker), and reads back as absent (as InMemorySaver's
+    # "empty" blobs do).
     v4 = {**v2, "c": ver(2)}
     kv.put(
         config("t", "", "3"),

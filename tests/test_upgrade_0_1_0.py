@@ -145,10 +145,11 @@ def test_0_1_0_store_upgrades_on_open_and_reads_as_sqlitesaver(
     _apply(ref, CALLS)
     with _open_copy(backend, tmp_path) as saver:
         schema = _schema(saver)
-        assert schema["format"] == S.FORMAT_VERSION == 3
-        [step, deltas] = schema["upgrades"]  # 2 -> 3 (issue #15) rewrites nothing
+        assert schema["format"] == S.FORMAT_VERSION == 4
+        [step, deltas, small] = schema["upgrades"]  # 2 -> 3 -> 4 (issue #15) rewrite nothing
         assert (step["from"], step["to"]) == (1, 2)
         assert deltas == {"from": 2, "to": 3}
+        assert small == {"from": 3, "to": 4}
         # Three (task_id, idx) pairs held under two paths (task-c idx 0, task-d
         # INTERRUPT, the long task id idx 0) in the last checkpoint of each of
         # the 4 (thread, ns) chains.
@@ -167,7 +168,7 @@ def test_0_1_0_store_upgrades_on_open_and_reads_as_sqlitesaver(
         _same_as(saver, ref)
     # Reopened: no second upgrade, the same contents.
     with _open_copy(backend, tmp_path) as saver:
-        assert _schema(saver)["upgrades"] == [step, deltas]
+        assert _schema(saver)["upgrades"] == [step, deltas, small]
         _same_as(saver, ref)
         # The other operations over write keys, on the upgraded store.
         thread = EXPECTED[0]["thread_id"]
@@ -262,6 +263,7 @@ def test_colliding_0_1_0_writes_keep_the_smallest_task_path(tmp_path: Path) -> N
         assert _schema(saver)["upgrades"] == [
             {"from": 1, "to": 2, "writes": 6, "writes_dropped": 2},
             {"from": 2, "to": 3},
+            {"from": 3, "to": 4},
         ]
         assert saver.get_tuple(config("t")).pending_writes == want
         assert saver.stats().writes == 4
