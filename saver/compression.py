@@ -231,34 +231,34 @@ class CompressingSerializer(SerializerProtocol):
         # writes checkpoints from worker threads that live for one invoke,
         # and a new context costs several compressions (~50 µs).
         self._compressors: list[zstandard.ZstdCompressor] = []
+        self._dict_compressors: list[zstandard.ZstdCompressor] = []
         self._loader: tuple[Any, Callable[[tuple[str, bytes]], Any]] | None = None  # loader()
 
-    def _compress(self, data: bytes) -> bytes:
-        """zstd of ``data`` with a compressor taken from the pool for the
-        call (``list.pop``/``append`` are atomic: no two threads get one)."""
+    def _compress(self, data: bytes, small: bool = False) -> bytes:
+        """zstd of ``data`` (``small``: with ``SMALL_DICT``) with a compressor
+        taken from its pool for the call (``list.pop``/``append`` are atomic:
+        no two threads get one)."""
+        pool = self._dict_compressors if small else self._compressors
         try:
-            c = self._compressors.pop()
+            c = pool.pop()
         except IndexError:
-            c = zstandard.ZstdCompressor(level=self.level)
+            if small:
+                c = zstandard.ZstdCompressor(
+                    level=self.level, dict_data=_ZDICT, write_dict_id=False
+                )
+            else:
+                c = zstandard.ZstdCompressor(level=self.level)
         try:
             return c.compress(data)
         finally:
-            if len(self._compressors) < _POOL_MAX:
-                self._compressors.append(c)
+            if len(pool) < _POOL_MAX:
+                pool.append(c)
 
     def _decompressor(self) -> zstandard.ZstdDecompressor:
         d = getattr(self._local, "d", None)
         if d is None:
             d = self._local.d = zstandard.ZstdDecompressor()
         return d
-
-    def _dict_compressor(self) -> zstandard.ZstdCompressor:
-        c = getattr(self._local, "dc", None)
-        if c is None:
-            c = self._local.dc = zstandard.ZstdCompressor(
-                level=self.level, dict_data=_ZDICT, write_dict_id=False
-            )
-        return c
 
     def _dict_decompressor(self) -> zstandard.ZstdDecompressor:
         d = getattr(self._local, "dd", None)
@@ -276,7 +276,7 @@ class CompressingSerializer(SerializerProtocol):
             return self.compress_typed(typ, data)
         if typ.endswith((SUFFIX, DICT_SUFFIX)):
             return typ, data
-        packed = self._dict_compressor().compress(data)
+        packed = self._compress(data, small=True)
         if len(packed) > len(data) - (len(data) >> 4):
             return typ, data
         self._inflated_small.add(packed, data)

@@ -437,6 +437,13 @@ def test_compressors_are_reused_across_short_lived_threads(monkeypatch: Any) -> 
         t.start()
         t.join()
     assert len(made) == 1
+    small = CompressingSerializer()  # the dictionary's compressor (issue #15's small values)
+    data = _chat_bytes()
+    for _ in range(6):
+        t = threading.Thread(target=small.compress_small, args=("msgpack", data))
+        t.start()
+        t.join()
+    assert len(made) == 2
 
 
 def test_concurrent_compressions_each_round_trip() -> None:
