@@ -107,6 +107,7 @@ DEFAULT_THRESHOLD = 2048  # bytes; see "Why 2 KiB" in the module docstring
 # compresses the whole of each changed channel again.
 DEFAULT_LEVEL = 1
 DEFAULT_CACHE_BYTES = 8 << 20
+_POOL_MAX = 8  # idle zstd compressors kept per serializer (see CompressingSerializer)
 
 DICT_SUFFIX = ".zd1"  # zstd with SMALL_DICT (see "Small values" above)
 SMALL_MIN = 128  # smaller: a frame's own 10-odd bytes eat what it saves
@@ -226,27 +227,38 @@ class CompressingSerializer(SerializerProtocol):
         # zstd contexts must not be shared by concurrent threads (async
         # methods run in worker threads): one pair per thread.
         self._local = threading.local()
+        # Compressors are lent from a pool instead (issue #13): LangGraph
+        # writes checkpoints from worker threads that live for one invoke,
+        # and a new context costs several compressions (~50 µs).
+        self._compressors: list[zstandard.ZstdCompressor] = []
+        self._dict_compressors: list[zstandard.ZstdCompressor] = []
         self._loader: tuple[Any, Callable[[tuple[str, bytes]], Any]] | None = None  # loader()
 
-    def _compressor(self) -> zstandard.ZstdCompressor:
-        c = getattr(self._local, "c", None)
-        if c is None:
-            c = self._local.c = zstandard.ZstdCompressor(level=self.level)
-        return c
+    def _compress(self, data: bytes, small: bool = False) -> bytes:
+        """zstd of ``data`` (``small``: with ``SMALL_DICT``) with a compressor
+        taken from its pool for the call (``list.pop``/``append`` are atomic:
+        no two threads get one)."""
+        pool = self._dict_compressors if small else self._compressors
+        try:
+            c = pool.pop()
+        except IndexError:
+            if small:
+                c = zstandard.ZstdCompressor(
+                    level=self.level, dict_data=_ZDICT, write_dict_id=False
+                )
+            else:
+                c = zstandard.ZstdCompressor(level=self.level)
+        try:
+            return c.compress(data)
+        finally:
+            if len(pool) < _POOL_MAX:
+                pool.append(c)
 
     def _decompressor(self) -> zstandard.ZstdDecompressor:
         d = getattr(self._local, "d", None)
         if d is None:
             d = self._local.d = zstandard.ZstdDecompressor()
         return d
-
-    def _dict_compressor(self) -> zstandard.ZstdCompressor:
-        c = getattr(self._local, "dc", None)
-        if c is None:
-            c = self._local.dc = zstandard.ZstdCompressor(
-                level=self.level, dict_data=_ZDICT, write_dict_id=False
-            )
-        return c
 
     def _dict_decompressor(self) -> zstandard.ZstdDecompressor:
         d = getattr(self._local, "dd", None)
@@ -264,7 +276,7 @@ class CompressingSerializer(SerializerProtocol):
             return self.compress_typed(typ, data)
         if typ.endswith((SUFFIX, DICT_SUFFIX)):
             return typ, data
-        packed = self._dict_compressor().compress(data)
+        packed = self._compress(data, small=True)
         if len(packed) > len(data) - (len(data) >> 4):
             return typ, data
         self._inflated_small.add(packed, data)
@@ -290,7 +302,7 @@ class CompressingSerializer(SerializerProtocol):
             return typ, data
         if len(data) < (self.threshold if threshold is None else threshold):
             return typ, data
-        packed = self._compressor().compress(data)
+        packed = self._compress(data)
         if len(packed) > len(data) - (len(data) >> 4):
             return typ, data  # saves less than 1/16: not worth a decompression
         self._inflated.add(packed, data)  # the next read of this value is likely soon

@@ -379,7 +379,7 @@ class Codec:
         """Serialize a put's changed channels (before its transaction): a list
         of at least ``min_bytes`` becomes plain msgpack, the rest records."""
         out = []
-        for ch, key in S.blob_keys(thread, ns, new_versions):
+        for ch, key in S.blob_keys(thread, ns, new_versions, new=True):
             if ch not in values:
                 out.append(Pending(ch, key, S.encode_blob(None), None))
                 continue

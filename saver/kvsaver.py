@@ -595,6 +595,16 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
 
     # -- writes -------------------------------------------------------------
 
+    _codec_of: tuple[Any, D.Codec] | None = None
+
+    def _codec(self) -> D.Codec:
+        """``D.codec(self.serde)``, remembered for this serde (a clone with
+        another serde, ``with_allowlist``, finds it is not its own)."""
+        pair = self._codec_of
+        if pair is None or pair[0] is not self.serde:
+            pair = self._codec_of = (self.serde, D.codec(self.serde))
+        return pair[1]
+
     def put(
         self,
         config: RunnableConfig,
@@ -612,7 +622,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         values: dict[str, Any] = cp.pop("channel_values", None) or {}
         checkpoint_id = _id(cp["id"], "put: checkpoint['id']")
         # Lists as plain msgpack: stored as deltas where they extend (issue #15).
-        codec = D.codec(self.serde)
+        codec = self._codec()
         blobs = codec.prepare(thread, ns, new_versions, values, dumps)
         parent_id = conf.get("checkpoint_id")
         rec = S.make_checkpoint_record(
@@ -645,7 +655,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             txn.put(ckey, record)
             for key in index:
                 txn.put(key, b"")
-            TH.touch(txn, thread, now)
+            TH.touch(txn, thread, now, known[akey])
 
         # transact(): concurrent puts share one commit and one sync.
         self.store.transact(write)
@@ -685,7 +695,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         idxs = [WRITES_IDX_MAP.get(channel, idx) for idx, (channel, _) in enumerate(writes)]
         keys = S.write_keys(thread, ns, checkpoint_id, task_id, idxs)
         entries = [
-            (key, S.encode_write(S.WriteRecord(task_id, channel, dumps(value), task_path, widx)))
+            (key, S.encode_write_fields(task_id, channel, dumps(value), task_path, widx))
             for key, widx, (channel, value) in zip(keys, idxs, writes)
         ]
         replace = all(channel in WRITES_IDX_MAP for channel, _ in writes)
@@ -701,7 +711,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 if replace or key not in stored:
                     txn.put(key, value)
                     stored.add(key)  # a repeated key in one batch: the first wins
-            TH.touch(txn, thread, now)
+            TH.touch(txn, thread, now, present[-1])
 
         self.store.transact(write)
 

@@ -160,6 +160,16 @@ def _ver(v: str | int | float) -> str | bytes | int | float:
     return k(v) if isinstance(v, str) else v
 
 
+def _el(s: str) -> bytes:
+    """``pack((k(s),))``. A plain ASCII string short enough to stay inline
+    (every id and version LangGraph makes) is encoded directly: cheaper than
+    the memo lookups, and a put's new ids and versions would only miss them
+    and push older entries out (issue #13)."""
+    if type(s) is str and len(s) <= _MAX_INLINE and s.isascii() and "\x00" not in s:
+        return b"\x02" + s.encode("ascii") + b"\x00"
+    return _str_key_element(s) if type(s) is str else pack((k(s),))
+
+
 # -- keys -------------------------------------------------------------------
 
 
@@ -181,7 +191,7 @@ _TN_CACHE: dict[tuple[str, str, str], bytes] = {}
 
 
 def checkpoint_key(thread: str, ns: str, checkpoint_id: str) -> bytes:
-    return _thread_ns_prefix(CHECKPOINT, thread, ns) + pack((k(checkpoint_id),))
+    return _thread_ns_prefix(CHECKPOINT, thread, ns) + _el(checkpoint_id)
 
 
 def checkpoint_key_from_elements(kt: Any, kns: Any, kcid: Any) -> bytes:
@@ -196,27 +206,38 @@ def checkpoints_range(thread: str, ns: str | None = None) -> tuple[bytes, bytes]
 
 
 def blob_key(thread: str, ns: str, channel: str, version: str | int | float) -> bytes:
-    return pack((BLOB, k(thread), k(ns), k(channel), _ver(version)))
+    """``pack((BLOB, k(thread), k(ns), k(channel), _ver(version)))``, from the
+    memoized parts ``blob_keys`` uses (a put keys its channels' bases too)."""
+    return _thread_ns_prefix(BLOB, thread, ns) + _blob_suffix(channel, version)
 
 
-def blob_keys(thread: str, ns: str, versions: Mapping[str, Any]) -> list[tuple[str, bytes]]:
+def _blob_suffix(ch: str, v: Any) -> bytes:
+    mark = (ch, type(v), v)  # 1 == 1.0 == True, but their encodings differ
+    suffix = _SUFFIX_CACHE.get(mark)
+    if suffix is None:
+        suffix = _new_blob_suffix(ch, v)
+        if len(_SUFFIX_CACHE) >= 16384:
+            _SUFFIX_CACHE.clear()
+        _SUFFIX_CACHE[mark] = suffix
+    return suffix
+
+
+def _new_blob_suffix(ch: str, v: Any) -> bytes:
+    return _el(ch) + _el(v) if type(v) is str else pack((k(ch), _ver(v)))
+
+
+def blob_keys(
+    thread: str, ns: str, versions: Mapping[str, Any], *, new: bool = False
+) -> list[tuple[str, bytes]]:
     """(channel, blob key) for every channel of a checkpoint's versions: the
     (thread, ns) prefix is packed once (packing is concatenation, element by
-    element), since every read of a checkpoint keys all its channels."""
+    element), since every read of a checkpoint keys all its channels.
+    ``new=True`` (a put's new versions, never keyed before): not memoized,
+    which would only cost a miss and an insert each (issue #13)."""
     prefix = _thread_ns_prefix(BLOB, thread, ns)
-    out = []
-    for ch, v in versions.items():
-        mark = (ch, type(v), v)  # 1 == 1.0 == True, but their encodings differ
-        suffix = _SUFFIX_CACHE.get(mark)
-        if suffix is None:
-            suffix = _str_key_element(ch) + (
-                _str_key_element(v) if type(v) is str else pack((_ver(v),))
-            )
-            if len(_SUFFIX_CACHE) >= 16384:
-                _SUFFIX_CACHE.clear()
-            _SUFFIX_CACHE[mark] = suffix
-        out.append((ch, prefix + suffix))
-    return out
+    if new:
+        return [(ch, prefix + _new_blob_suffix(ch, v)) for ch, v in versions.items()]
+    return [(ch, prefix + _blob_suffix(ch, v)) for ch, v in versions.items()]
 
 
 def _str_key_element(s: str) -> bytes:
@@ -270,8 +291,16 @@ def write_keys(
 ) -> list[bytes]:
     """``write_key`` of each idx of one task's batch: the shared elements are
     packed once (a packed tuple is its elements' encodings, concatenated)."""
-    prefix = pack((WRITE, k(thread), k(ns), k(checkpoint_id), k(task_id)))
-    return [prefix + pack((idx,)) for idx in idxs]
+    prefix = _thread_ns_prefix(WRITE, thread, ns) + _el(checkpoint_id) + _el(task_id)
+    return [prefix + _idx_element(idx) for idx in idxs]
+
+
+def _idx_element(idx: int) -> bytes:
+    packed = _IDX.get(idx) if type(idx) is int else None  # not a bool: True == 1
+    return packed if packed is not None else pack((idx,))
+
+
+_IDX = {i: pack((i,)) for i in range(-8, 64)}  # a task's write indexes, packed
 
 
 def writes_range(
@@ -371,7 +400,10 @@ def key_thread(key: bytes) -> Any:
 
 
 def activity_key(thread: str) -> bytes:
-    return pack((ACTIVITY, k(thread)))
+    return _ACTIVITY_PREFIX + _el(thread)  # = pack((ACTIVITY, k(thread)))
+
+
+_ACTIVITY_PREFIX = pack((ACTIVITY,))
 
 
 def activity_key_from_element(kt: Any) -> bytes:
@@ -436,7 +468,7 @@ def index_keys(rec: CheckpointRecord) -> list[bytes]:
     thread, ns) elements they share packed once (put and every delete of a
     checkpoint come here)."""
     t, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
-    tail = pack((k(cid), k(t), k(ns)))
+    tail = _el(cid) + _el(t) + _el(ns)
     keys = [_BY_ID_PREFIX + tail]
     if rec.run_id is not None:
         keys.append(run_key(rec.run_id, t, ns, cid))
@@ -530,9 +562,14 @@ class WriteRecord(NamedTuple):
 
 
 def encode_write(rec: WriteRecord) -> bytes:
-    return ormsgpack.packb(
-        [rec.task_id, rec.channel, rec.value[0], rec.value[1], rec.task_path, rec.idx]
-    )
+    return encode_write_fields(rec.task_id, rec.channel, rec.value, rec.task_path, rec.idx)
+
+
+def encode_write_fields(
+    task_id: str, channel: str, value: Typed, task_path: str, idx: int
+) -> bytes:
+    """``encode_write`` of a record not built first (put_writes' path)."""
+    return ormsgpack.packb([task_id, channel, value[0], value[1], task_path, idx])
 
 
 def decode_write(raw: bytes) -> WriteRecord:

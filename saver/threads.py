@@ -19,6 +19,7 @@ from . import delta as D
 from . import schema as S
 
 TOUCH_RESOLUTION_MS = 1000  # activity is recorded at most once a second per thread
+_UNREAD: Any = object()  # touch(): the activity record was not read by the caller
 
 
 def find_record(txn: Any, thread: str, ns: str, checkpoint_id: Any) -> bytes | None:
@@ -154,17 +155,18 @@ def keep_latest(
 # -- the activity index (retention's TTL) -----------------------------------------
 
 
-def touch(txn: Any, thread: str, ms: int) -> None:
+def touch(txn: Any, thread: str, ms: int, raw: Any = _UNREAD) -> None:
     """Record activity of ``thread`` at ``ms`` (skipped within a second of the
-    stored time, so the puts of one graph run rewrite no index page)."""
-    akey = S.activity_key(thread)
-    raw = txn.get(akey)
+    stored time, so the puts of one graph run rewrite no index page).
+    ``raw``: the activity record, when the caller read it in this transaction."""
+    if raw is _UNREAD:
+        raw = txn.get(S.activity_key(thread))
     if raw is not None:
         old, _ = S.decode_activity(raw)
         if 0 <= ms - old < TOUCH_RESOLUTION_MS:
             return
         txn.delete(S.idle_key(old, thread))
-    txn.put(akey, S.encode_activity(ms, thread))
+    txn.put(S.activity_key(thread), S.encode_activity(ms, thread))
     txn.put(S.idle_key(ms, thread), S.encode_thread(thread))
 
 

@@ -9,9 +9,11 @@ import random
 import subprocess
 import sys
 import threading
+import types
 from typing import Any
 
 import pytest
+import zstandard
 from kvsaver import CompressingSerializer, KVSaver
 from kvsaver import compression as C
 from kvsaver import schema as S
@@ -412,6 +414,55 @@ def test_loader_of_other_serializers_is_their_loads_typed() -> None:
     enc = C.wrap(EncryptedSerializer.from_pycryptodome_aes(key=KEY))
     for serde in (JsonPlusSerializer(), CompressingSerializer(Sub()), enc):
         assert C.loader(serde) == serde.loads_typed
+
+
+def test_compressors_are_reused_across_short_lived_threads(monkeypatch: Any) -> None:
+    # Issue #13: LangGraph writes checkpoints from worker threads that live
+    # for one invoke; a zstd context per thread was made anew each invoke.
+    made = []
+    real = zstandard.ZstdCompressor
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        made.append(1)
+        return real(*args, **kwargs)
+
+    shim = types.SimpleNamespace(
+        ZstdCompressor=counting, ZstdDecompressor=zstandard.ZstdDecompressor
+    )
+    monkeypatch.setattr(C, "zstandard", shim)
+    serde = CompressingSerializer(JsonPlusSerializer(), threshold=64)
+    value = ["a fairly compressible message " * 8] * 4
+    for _ in range(6):
+        t = threading.Thread(target=serde.dumps_typed, args=(value,))
+        t.start()
+        t.join()
+    assert len(made) == 1
+    small = CompressingSerializer()  # the dictionary's compressor (issue #15's small values)
+    data = _chat_bytes()
+    for _ in range(6):
+        t = threading.Thread(target=small.compress_small, args=("msgpack", data))
+        t.start()
+        t.join()
+    assert len(made) == 2
+
+
+def test_concurrent_compressions_each_round_trip() -> None:
+    serde = CompressingSerializer(JsonPlusSerializer(), threshold=64)
+    values = [[f"thread {i} says " * 40, i] for i in range(16)]
+    out: dict[int, Any] = {}
+
+    def work(i: int) -> None:
+        for _ in range(50):
+            typed = serde.dumps_typed(values[i])
+            assert typed[0].endswith(C.SUFFIX)
+            out[i] = serde.loads_typed(typed)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out == dict(enumerate(values))
 
 
 # -- small values with the dictionary (issue #15) ----------------------------------------

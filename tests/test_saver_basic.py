@@ -598,7 +598,7 @@ _ids = st.text(max_size=40) | st.sampled_from(["", "a\x00b", "🦜", "x" * 600])
     ns=_ids,
     cid=_ids,
     task=_ids,
-    idxs=st.lists(st.integers(min_value=-10, max_value=10**6), max_size=5),
+    idxs=st.lists(st.integers(min_value=-10, max_value=10**6) | st.booleans(), max_size=5),
 )
 def test_write_keys_are_write_key_of_each_idx(
     thread: str, ns: str, cid: str, task: str, idxs: list[int]
@@ -643,6 +643,33 @@ def test_memoized_checkpoint_and_blob_keys_are_the_packed_tuples(
         versions = {ch: cid for ch in channels}
         assert S.blob_keys(thread, ns, versions) == [
             (ch, S.blob_key(thread, ns, ch, cid)) for ch in versions
+        ]
+
+
+_versions = (
+    _ids
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False)
+    | st.booleans()
+    | st.builds(lambda n, r: f"{n:032}.{r:016}", st.integers(0, 10**6), st.floats(0, 1))
+)
+
+
+@given(thread=_ids, ns=_ids, channel=_ids, version=_versions, task=_ids, cid=_ids)
+def test_keys_built_from_parts_are_the_packed_tuples(
+    thread: str, ns: str, channel: str, version: Any, task: str, cid: str
+) -> None:
+    # Issue #13: put's keys are built from memoized parts and, for plain ASCII
+    # ids and versions, encoded directly; the bytes must be pack()'s exactly.
+    packed = pack((S.BLOB, S.k(thread), S.k(ns), S.k(channel), S._ver(version)))
+    for _ in range(2):  # the second time from the memo
+        assert S.blob_key(thread, ns, channel, version) == packed
+        assert S.blob_keys(thread, ns, {channel: version}) == [(channel, packed)]
+        assert S.blob_keys(thread, ns, {channel: version}, new=True) == [(channel, packed)]
+        assert S.activity_key(thread) == pack((S.ACTIVITY, S.k(thread)))
+        assert S.write_keys(thread, ns, cid, task, [0, -3, 7, 10**6]) == [
+            pack((S.WRITE, S.k(thread), S.k(ns), S.k(cid), S.k(task), i))
+            for i in (0, -3, 7, 10**6)
         ]
 
 
