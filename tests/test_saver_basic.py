@@ -668,8 +668,7 @@ def test_keys_built_from_parts_are_the_packed_tuples(
         assert S.blob_keys(thread, ns, {channel: version}, new=True) == [(channel, packed)]
         assert S.activity_key(thread) == pack((S.ACTIVITY, S.k(thread)))
         assert S.write_keys(thread, ns, cid, task, [0, -3, 7, 10**6]) == [
-            pack((S.WRITE, S.k(thread), S.k(ns), S.k(cid), S.k(task), i))
-            for i in (0, -3, 7, 10**6)
+            pack((S.WRITE, S.k(thread), S.k(ns), S.k(cid), S.k(task), i)) for i in (0, -3, 7, 10**6)
         ]
 
 
