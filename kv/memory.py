@@ -87,9 +87,11 @@ class _MemTxn:
             key = bytes(key)
         if type(value) is not bytes:
             value = bytes(value)
-        if self._order is not None and key not in self._overlay:
+        overlay = self._overlay
+        assert overlay is not None  # checked above
+        if self._order is not None and key not in overlay:
             self._order = None
-        self._overlay[key] = value
+        overlay[key] = value
 
     def delete(self, key: bytes) -> bool:
         self._check(write=True)

@@ -307,7 +307,8 @@ def _register_arrays(conn: Any) -> None:
         from psycopg import pq
         from psycopg.adapt import Dumper
 
-        for cls, oid in ((_ByteaArray, 1001), (_BoolArray, 1000)):
+        arrays: tuple[tuple[type, int], ...] = ((_ByteaArray, 1001), (_BoolArray, 1000))
+        for cls, oid in arrays:
 
             class ArrayDumper(Dumper):
                 format = pq.Format.BINARY
@@ -356,7 +357,8 @@ class _Cache:
             if ranges:
                 for k in [k for k in items if any(_inside(k, a, b) for a, b in ranges)]:
                     self.size -= self._cost(k, items.pop(k))
-            for k, v in known.items():
+            for k, value in known.items():
+                v: Any = value
                 if v is not None and len(v) > _CACHE_ENTRY:
                     v = _BIG
                 if k in items:

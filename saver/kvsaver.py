@@ -792,7 +792,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"prune: unknown strategy {strategy!r}; use 'keep_latest' or 'delete'")
 
-        def prune_one(txn: Any, thread: str) -> None:
+        def prune_one(thread: str, txn: Any) -> None:
             if strategy == "delete":
                 TH.delete_thread(txn, thread)
                 return
@@ -800,7 +800,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 TH.keep_latest(txn, self.serde, thread, ns)
 
         for thread in _id_list(thread_ids, "prune(thread_ids)"):
-            self._maintain(lambda txn, thread=thread: prune_one(txn, thread))
+            self._maintain(functools.partial(prune_one, thread))
 
     def _maintain(self, fn: Callable[[Any], None]) -> None:
         """One maintenance transaction. On a store whose write transactions
