@@ -829,7 +829,7 @@ def reads13_section(groups: dict) -> list[str]:
         "in the same rounds: a raw py-lmdb transaction that reads exactly the records "
         "KVSaver reads (per checkpoint: the record, the 10 channel blobs, the writes' range) "
         "with "
-        "every key built in advance, decoded by the serializer alone (zstd + "
+        "every key built in advance, decoded by the serializer alone (zstd, no cache, + "
         "JsonPlusSerializer). No saver or kv code runs in it, so a target below it "
         "cannot be met by faster code on this layout; only a layout that stores "
         "each checkpoint whole, as SqliteSaver does, could, giving up the bytes on "
