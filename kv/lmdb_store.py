@@ -959,36 +959,40 @@ def _position(cur: lmdb.Cursor, bound: bytes, max_key: int) -> bool:
     return bool(cur.set_range(bound[:max_key]))
 
 
+def _seek(
+    cur: lmdb.Cursor, max_key: int, start: bytes | None, stop: bytes | None, reverse: bool
+) -> bool:
+    """Put ``cur`` on the first key a scan yields, unless it is out of the
+    range at the other end: forward, the first key >= start; reverse, the
+    last key < stop. False when there is no such key."""
+    if not reverse:
+        ok = cur.first() if start is None else _position(cur, start, max_key)
+        while ok and start is not None and cur.key() < start:  # a truncated bound
+            ok = cur.next()
+        return bool(ok)
+    # set_range lands on the first key >= stop (step back one), or past the
+    # end (start from the last key).
+    if stop is None or not _position(cur, stop, max_key):
+        return bool(cur.last())
+    ok = True
+    while ok and cur.key() >= stop:
+        ok = cur.prev()
+    return bool(ok)
+
+
+def _beyond(key: bytes, start: bytes | None, stop: bytes | None, reverse: bool) -> bool:
+    """Past the far end of a scan's range (a scan's keys come in order)."""
+    return (start is not None and key < start) if reverse else (stop is not None and key >= stop)
+
+
 def _scan(
     txn: lmdb.Transaction, max_key: int, start: bytes | None, stop: bytes | None, reverse: bool
 ) -> Iterator[tuple[bytes, bytes]]:
     with txn.cursor() as cur:
-        if not reverse:
-            ok = cur.first() if start is None else _position(cur, start, max_key)
-            while ok:
-                key = cur.key()
-                if stop is not None and key >= stop:
-                    return
-                if start is None or key >= start:
-                    yield key, cur.value()
-                ok = cur.next()
-            return
-        # Reverse: the last key < stop. set_range lands on the first key >=
-        # stop (step back one), or past the end (start from the last key).
-        if stop is None:
-            ok = cur.last()
-        elif _position(cur, stop, max_key):
-            ok = True
-            while ok and cur.key() >= stop:
-                ok = cur.prev()
-        else:
-            ok = cur.last()
-        while ok:
-            key = cur.key()
-            if start is not None and key < start:
-                return
-            yield key, cur.value()
-            ok = cur.prev()
+        ok = _seek(cur, max_key, start, stop, reverse)
+        while ok and not _beyond(cur.key(), start, stop, reverse):
+            yield cur.key(), cur.value()
+            ok = cur.prev() if reverse else cur.next()
 
 
 def _one(
@@ -996,28 +1000,10 @@ def _one(
 ) -> list[tuple[bytes, bytes]]:
     """``list(islice(_scan(...), 1))`` without a generator."""
     with txn.cursor() as cur:
-        if not reverse:
-            ok = cur.first() if start is None else _position(cur, start, max_key)
-            while ok:
-                key = cur.key()
-                if stop is not None and key >= stop:
-                    return []
-                if start is None or key >= start:
-                    return [(key, cur.value())]
-                ok = cur.next()
-            return []
-        if stop is None:
-            ok = cur.last()
-        elif _position(cur, stop, max_key):
-            ok = True
-            while ok and cur.key() >= stop:
-                ok = cur.prev()
-        else:
-            ok = cur.last()
-        if not ok:
+        if not _seek(cur, max_key, start, stop, reverse):
             return []
         key = cur.key()
-        return [] if start is not None and key < start else [(key, cur.value())]
+        return [] if _beyond(key, start, stop, reverse) else [(key, cur.value())]
 
 
 def _delete_range(
