@@ -56,6 +56,8 @@ GROUP_ORDER = [
     "reads13:list:limit10",
     "reads13:list:filter",
     "async:32_conversations",
+    "graph_paired:loop",
+    "graph_paired:invokes",
     "durability:graph_loop",
 ]
 WHAT = {
@@ -647,6 +649,12 @@ def targets(groups: dict) -> list[list[str]]:
     return rows
 
 
+def paired_graph(groups: dict, workload: str) -> dict[str, Any]:
+    """extra_info of bench_graph_paired's group for ``workload`` ({} if not run)."""
+    b = groups.get(f"graph_paired:{workload}", {}).get(PAIRED_ROW) or {}
+    return b.get("extra_info") or {}
+
+
 def issue13_targets(groups: dict, storage: dict | None) -> list[list[str]]:
     """Every row of issue #13's table, in its order, with met / not met."""
     rows: list[list[str]] = []
@@ -692,10 +700,19 @@ def issue13_targets(groups: dict, storage: dict | None) -> list[list[str]]:
         False,
         "" if kv is None or sql is None else f"{kv:,.0f} vs {sql:,.0f} /s",
     )
-    for g, what in (
-        ("graph:loop", "graph agent loop"),
-        ("graph:invokes", "graph, 10 invokes per thread"),
-    ):
+    for w, what in (("loop", "graph agent loop"), ("invokes", "graph, 10 invokes per thread")):
+        p = paired_graph(groups, w)
+        if p:  # every saver in the same rounds (bench_graph_paired)
+            us = p.get("overhead_us_per_superstep") or {}
+            add(
+                f"{what}: overhead/superstep, durability full, vs SqliteSaver (paired rounds)",
+                (p.get("x_sqlite") or {}).get(KV),
+                1.0,
+                True,
+                f"{us.get(KV, 0):,.0f} vs {us.get(SQL, 0):,.0f} µs",
+            )
+            continue
+        g = f"graph:{w}"
         kv, sql = (info(groups, g, n, "overhead_us_per_superstep") for n in (KV, SQL))
         add(
             f"{what}: overhead/superstep, durability full, vs SqliteSaver",
@@ -729,7 +746,19 @@ def issue13_targets(groups: dict, storage: dict | None) -> list[list[str]]:
         False,
         "" if kv is None or sql is None else f"{kv:,.0f} vs {sql:,.0f} /s",
     )
-    for g in ("graph:loop", "graph:invokes"):
+    for w in ("loop", "invokes"):
+        p = paired_graph(groups, w)
+        if p:  # process CPU time, every saver in the same rounds (bench_graph_paired)
+            us = p.get("cpu_overhead_us_per_superstep") or {}
+            add(
+                f"CPU: KVSaver(':memory:') graph:{w} CPU overhead vs InMemorySaver's (paired)",
+                (p.get("x_inmemory_cpu") or {}).get(KVM),
+                1.3,
+                True,
+                f"{us.get(KVM, 0):,.0f} vs {us.get(MEM, 0):,.0f} µs of CPU",
+            )
+            continue
+        g = f"graph:{w}"
         kv, mem = (info(groups, g, n, "overhead_us_per_superstep") for n in (KVM, MEM))
         add(
             f"CPU: KVSaver(':memory:') {g} overhead vs InMemorySaver's",
@@ -767,6 +796,54 @@ DURABILITY_GIVES_UP = {
 }
 
 
+def graph_paired_section(groups: dict) -> list[str]:
+    body = []
+    for w in ("loop", "invokes"):
+        p = paired_graph(groups, w)
+        us = p.get("overhead_us_per_superstep") or {}
+        cu = p.get("cpu_overhead_us_per_superstep") or {}
+        xs, xm = p.get("x_sqlite") or {}, p.get("x_inmemory_cpu") or {}
+        for n in ordered(list(us), ROW_ORDER):
+            body.append(
+                [
+                    w,
+                    n,
+                    f"{us[n]:,.0f} µs",
+                    fmt_ratio(xs.get(n)),
+                    f"{cu.get(n, 0):,.0f} µs",
+                    fmt_ratio(xm.get(n)),
+                ]
+            )
+    if not body:
+        return []
+    p = paired_graph(groups, "loop") or paired_graph(groups, "invokes")
+    return [
+        "",
+        "### Graph overhead, every saver in the same rounds",
+        "",
+        f"`bench/bench_graph_paired.py`: {p.get('threads')} threads (the loop: one 30-turn "
+        "agent loop each; invokes: 10 invokes each, reloading the thread), every saver and a "
+        f"run without checkpointer in each of {p.get('rounds')} rounds, rotating order, a "
+        "fresh store per row and round. Overhead per superstep = (with - without, same "
+        "round) / checkpoints written, on wall-clock time and on the process's CPU time "
+        "(LangGraph writes checkpoints from worker threads); x = median of per-round "
+        "ratios. The #13 graph and CPU targets use these.",
+        "",
+        *table(
+            [
+                "workload",
+                "row",
+                "wall / superstep",
+                "x SqliteSaver",
+                "CPU / superstep",
+                "x InMemorySaver (CPU)",
+            ],
+            body,
+            right_from=2,
+        ),
+    ]
+
+
 def durability_section(groups: dict) -> list[str]:
     b = groups.get("durability:graph_loop", {}).get(PAIRED_ROW)
     if b is None:
@@ -780,7 +857,7 @@ def durability_section(groups: dict) -> list[str]:
         "",
         "### Choosing durability: graph overhead per superstep",
         "",
-        f"`bench/bench_durability.py`: the agent loop ({ei.get('threads')} threads x one "
+        f"`bench/bench_graph_paired.py`: the agent loop ({ei.get('threads')} threads x one "
         f"30-turn loop, LangGraph's default run durability) on a fresh store per row, "
         f"every row and a run without checkpointer in each of {ei.get('rounds')} rounds, "
         "rotating order; overhead = (with - without, same round) / checkpoints written; "
@@ -921,6 +998,7 @@ def render(data: dict, storage: dict | None = None) -> str:
         *paired_section(groups),
         *reads13_section(groups),
         *graph_section(groups),
+        *graph_paired_section(groups),
         *durability_section(groups),
         *concurrency_section(groups),
         *long_section(groups),

@@ -1,0 +1,117 @@
+"""Real graphs with every saver timed in the same rounds, in rotating order
+(issue #13): the graph rows of its table, and the README's "Choosing
+durability". bench_graph times each saver in a test of its own, and this
+machine drifts between tests by more than the gaps measured.
+
+groups (one call = one round; every row and a run with no checkpointer in
+each round, a fresh store per row and round):
+
+  graph_paired:loop      the agent loop of bench_graph (THREADS threads x one
+  graph_paired:invokes   30-turn loop) / 10 invokes per thread, each reloading
+                         the thread; rows kvsaver-lmdb (durability full),
+                         kvsaver-memory, sqlite, inmemory
+  durability:graph_loop  the loop at each KVSaver durability: kvsaver-full,
+                         kvsaver-meta, kvsaver-none, and sqlite
+
+extra_info per row: the median over rounds of (time with it - time without
+it, same round) / checkpoints written, on wall-clock time and on the process's
+CPU time (LangGraph writes checkpoints from worker threads); x_sqlite and
+x_inmemory, the medians of per-round ratios of those overheads.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from _workloads import (
+    INMEM,
+    KV_LMDB,
+    KV_MEM,
+    SQLITE,
+    build_agent,
+    close_saver,
+    count_checkpoints,
+    label,
+    make_saver,
+    median,
+    rotated,
+    run_invokes,
+    run_loop,
+)
+
+THREADS = 6
+ROUNDS = 5
+NONE = "no checkpointer"
+RUNS = {"loop": run_loop, "invokes": run_invokes}
+
+
+def _paired(benchmark: Any, group: str, run: Callable[..., None], rows: list[str]) -> None:
+    plain = build_agent(None)
+    run(plain, "warmup", False, threads=1)
+    wall: dict[str, list[float]] = {r: [] for r in [*rows, NONE]}
+    cpu: dict[str, list[float]] = {r: [] for r in [*rows, NONE]}
+    steps: dict[str, int] = {}
+    counter = itertools.count()
+
+    def one_round(r: int) -> None:
+        for row in rotated([*rows, NONE], r):
+            workdir = tempfile.mkdtemp(prefix="kvs-gp-")
+            saver = None if row == NONE else _saver(row, workdir)
+            try:
+                graph = plain if saver is None else build_agent(saver)
+                w0, c0 = time.perf_counter(), time.process_time()
+                run(graph, f"p{r}", saver is not None, threads=THREADS)
+                wall[row].append(time.perf_counter() - w0)
+                cpu[row].append(time.process_time() - c0)
+                if saver is not None:
+                    steps[row] = count_checkpoints(saver, f"p{r}")
+            finally:
+                if saver is not None:
+                    close_saver(saver)
+                shutil.rmtree(workdir, ignore_errors=True)
+
+    label(benchmark, group, "all savers", 1)
+    benchmark.pedantic(one_round, setup=lambda: ((next(counter),), {}), rounds=ROUNDS)
+
+    def over(times: dict[str, list[float]]) -> dict[str, list[float]]:
+        return {r: [(t - b) / steps[r] for t, b in zip(times[r], times[NONE])] for r in rows}
+
+    def x(o: dict[str, list[float]], ref: str) -> dict[str, float]:
+        if ref not in o:
+            return {}
+        ratios = {r: [a / b for a, b in zip(v, o[ref]) if b > 0] for r, v in o.items()}
+        return {r: round(median(v), 3) for r, v in ratios.items()}
+
+    ow, oc = over(wall), over(cpu)
+    benchmark.extra_info.update(
+        threads=THREADS,
+        rounds=ROUNDS,
+        supersteps=steps,
+        overhead_us_per_superstep={r: round(median(v) * 1e6, 1) for r, v in ow.items()},
+        cpu_overhead_us_per_superstep={r: round(median(v) * 1e6, 1) for r, v in oc.items()},
+        x_sqlite=x(ow, SQLITE),
+        x_sqlite_cpu=x(oc, SQLITE),
+        x_inmemory_cpu=x(oc, INMEM),
+    )
+
+
+def _saver(row: str, workdir: str) -> Any:
+    if row.startswith("kvsaver-") and row.split("-")[1] in ("full", "meta", "none"):
+        return make_saver(KV_LMDB, workdir, durability=row.split("-")[1])
+    return make_saver(row, workdir)
+
+
+@pytest.mark.parametrize("workload", list(RUNS))
+def test_graph_paired(benchmark: Any, workload: str) -> None:
+    _paired(benchmark, f"graph_paired:{workload}", RUNS[workload], [KV_LMDB, KV_MEM, SQLITE, INMEM])
+
+
+def test_durability_graph_loop(benchmark: Any) -> None:
+    rows = ["kvsaver-full", "kvsaver-meta", "kvsaver-none", SQLITE]
+    _paired(benchmark, "durability:graph_loop", run_loop, rows)
