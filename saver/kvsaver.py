@@ -182,6 +182,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     store: Store
     _legacy_writes = False  # format-1 write keys may be present (read-only open)
     _reader_cache: tuple[Any, Any, Any] | None = None  # _readers()
+    _pipelined = False  # set by __init__ from the store
 
     def __init__(
         self,
@@ -222,10 +223,13 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # Reads that never wait on a disk sync, a lock or a writer (a memory-
         # mapped LMDB file, memory): aget_tuple runs them on the event loop.
         self._inline_reads = bool(getattr(self.store, "nonblocking_reads", False))
+        # A network store that sends queued reads in one round trip (issue #14):
+        # a read queues what it will need next before it needs it.
+        self._pipelined = bool(getattr(self.store, "pipelines_reads", False))
         # Issue #14: (thread, ns) -> (id, channel_versions) of the last put here,
         # on a store that pipelines reads (get_tuple guesses its reads from it).
         self._last_put: OrderedDict[tuple[str, str], tuple[str, Any]] | None = (
-            OrderedDict() if getattr(self.store, "pipelines_reads", False) else None
+            OrderedDict() if self._pipelined else None
         )
         try:
             self._check_schema()
@@ -330,11 +334,10 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         self, txn: Any, thread: str, ns: str, checkpoint_id: str
     ) -> list[S.WriteRecord]:
         start, stop = S.writes_range(thread, ns, checkpoint_id)
-        # Most checkpoints have none (every latest one between supersteps): on a
-        # local store, one step (scan's limit=1 path) answers that for less
-        # than setting up a whole scan. A network store's read of the range was
-        # sent already (pipelines_reads): no probe there.
-        if self._inline_reads and not next(iter(txn.scan(start, stop, limit=1)), None):
+        # Most checkpoints have none (every latest one between supersteps): one
+        # step (scan's limit=1 path) answers that for less than setting up a
+        # whole scan. A pipelining store sent the range's read already: no probe.
+        if not self._pipelined and not next(iter(txn.scan(start, stop, limit=1)), None):
             return []
         recs = [S.decode_write(v) for _, v in txn.scan(start, stop)]
         # Keys are (task_id, idx), the identity; reads are in task_path order.
@@ -376,15 +379,10 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # Issue #14: on a network store the blobs are one get_many, and the
         # writes scan, called first (and taken over by _load_writes' identical
         # scan), travels in the same round trip. Local stores skip it.
-        if getattr(self.store, "pipelines_reads", False):
+        if self._pipelined:
             txn.scan(*S.writes_range(thread, ns, cid))
-        whole, n = S.BLOB_PREFIX_MSGPACK, len(S.BLOB_PREFIX_MSGPACK)
         for (channel, key), raw in zip(keyed, txn.get_many([key for _, key in keyed])):
-            if raw is None:
-                continue
-            if raw.startswith(whole):  # a whole msgpack value, the common case
-                values[channel] = loads(("msgpack", raw[n:]))
-            elif (typed := blob(txn, key, raw)) is not None:  # other types, deltas
+            if (typed := blob(txn, key, raw)) is not None:  # whole or delta
                 values[channel] = loads(typed)
         checkpoint["channel_values"] = values
         writes: list[PendingWrite] = [
@@ -405,7 +403,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         store that pipelines reads (issue #14), the page's writes scans and
         blobs go first, all in one round trip (a constant number per page,
         not one per checkpoint); ``_load_tuple`` then finds them read."""
-        if len(found) < 2 or not getattr(self.store, "pipelines_reads", False):
+        if len(found) < 2 or not self._pipelined:
             return [self._load_tuple(txn, rec, metadata=m) for rec, m in found]
         loads = self._readers()[0]
         checkpoints = [loads(rec.checkpoint) for rec, _ in found]

@@ -537,6 +537,8 @@ def decode_blob(raw: bytes | None) -> Typed | None:
     """The serde-typed value, or None for the "empty" marker or no blob."""
     if raw is None:
         return None
+    if raw.startswith(BLOB_PREFIX_MSGPACK):  # the common case: every read of a value
+        return "msgpack", raw[len(BLOB_PREFIX_MSGPACK) :]
     head, sep, body = raw.partition(b"\x00")
     if not sep:
         raise CorruptStoreError("a damaged channel value record in the store (no type)")
