@@ -239,20 +239,20 @@ class Codec:
             typ = f"{typ}+{name}"
         return typ, data
 
-    def dumps_small(self, value: Any) -> S.Typed:
+    def dumps_small(self, value: Any, *, remember: bool = True) -> S.Typed:
         """``serde.dumps_typed`` for a checkpoint, a pending write or the
         graph's input (``__start__``): a value under the compression
         threshold is compressed with zstd's dictionary of checkpoint and
         message bytes when that pays (``compression.compress_small``),
-        inside any encryption."""
+        inside any encryption. ``remember``: see ``compress_small``."""
         if self.comp is None:
             return self.serde.dumps_typed(value)
-        return self.wrap_small(*self.comp.serde.dumps_typed(value))
+        return self.wrap_small(*self.comp.serde.dumps_typed(value), remember=remember)
 
-    def wrap_small(self, typ: str, data: bytes) -> S.Typed:
+    def wrap_small(self, typ: str, data: bytes, *, remember: bool = True) -> S.Typed:
         """``wrap`` with ``compress_small`` for the compression."""
         if self.comp is not None:
-            typ, data = self.comp.compress_small(typ, data)
+            typ, data = self.comp.compress_small(typ, data, remember=remember)
         if self.enc is not None:
             name, data = self.enc.cipher.encrypt(data)
             typ = f"{typ}+{name}"
@@ -489,7 +489,8 @@ class Codec:
         # A piece is a message or two: worth compressing from PIECE_THRESHOLD,
         # with the dictionary of message bytes (compression.SMALL_DICT): a
         # 479-byte chat message's msgpack becomes 232 bytes (zstd alone: 331).
-        typ, piece = self.wrap_small("msgpack", p.plain[new[1] + len(elems) :])
+        # remember=False: pieces are read by _piece_reader, never via that cache.
+        typ, piece = self.wrap_small("msgpack", p.plain[new[1] + len(elems) :], remember=False)
         h = hashlib.blake2b(digest, digest_size=_DIGEST)
         h.update(typ.encode())
         h.update(b"\x00")

@@ -689,7 +689,11 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         checkpoint_id = _id(checkpoint_id, "put_writes: checkpoint_id")
         task_id = _id(task_id, "put_writes: task_id")
         task_path = _id(task_path, "put_writes: task_path")
-        dumps = D.codec(self.serde).dumps_small  # zstd with a dictionary (issue #15)
+        # zstd with a dictionary (issue #15), not kept in the cache of
+        # decompressed values: a write is read only when its checkpoint is
+        # resumed (issue #13). The codec remembered for this serde: no
+        # WeakKeyDictionary lookup per call.
+        dumps = functools.partial(self._codec().dumps_small, remember=False)
         idxs = [WRITES_IDX_MAP.get(channel, idx) for idx, (channel, _) in enumerate(writes)]
         keys = S.write_keys(thread, ns, checkpoint_id, task_id, idxs)
         entries = [

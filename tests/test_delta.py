@@ -595,6 +595,36 @@ def test_small_records_are_compressed_with_the_dictionary() -> None:
     assert [s.values for s in fresh.get_state_history(cfg)] == want
 
 
+def test_only_checkpoint_records_enter_the_small_frame_cache() -> None:
+    """Issue #13: a put or put_writes does not pay the decompression cache's
+    lock, insertion and evictions for frames no read looks up there: delta
+    pieces (read by the delta layer, into its own cache) and pending writes
+    (read only when their checkpoint is resumed). A checkpoint record, which
+    the next get_tuple of the thread reads, is still kept; and every state
+    reads back the same, also through a fresh serializer."""
+    saver = KVSaver(":memory:")
+    graph = _chat_graph(saver, "t", 6)
+    cached = saver.serde._inflated_small.items  # type: ignore[attr-defined]
+    frames: dict[str, list[bytes]] = {"checkpoint": [], "write": [], "piece": []}
+    with saver.store.read() as txn:
+        for _, raw in txn.scan(*S.keyspace_range(S.CHECKPOINT)):
+            frames["checkpoint"].append(S.decode_checkpoint(raw).checkpoint[1])
+        for _, raw in txn.scan(*S.keyspace_range(S.WRITE)):
+            if (w := S.decode_write(raw)).channel == "messages":
+                frames["write"].append(w.value[1])
+        for _, raw in txn.scan(*S.keyspace_range(S.BLOB)):
+            if D.is_delta(raw):
+                frames["piece"].append(D.decode(raw).piece)
+    assert all(frames.values()), {k: len(v) for k, v in frames.items()}
+    assert all(f in cached for f in frames["checkpoint"])
+    assert not any(f in cached for f in frames["write"] + frames["piece"])
+    cfg = {"configurable": {"thread_id": "t"}}
+    want = [s.values for s in _chat_graph(InMemorySaver(), "t", 6).get_state_history(cfg)]
+    assert [s.values for s in graph.get_state_history(cfg)] == want
+    fresh = _chat_graph(_fresh(saver), "u", 0)
+    assert [s.values for s in fresh.get_state_history(cfg)] == want
+
+
 def test_small_records_with_encryption_and_without_compression() -> None:
     serde = EncryptedSerializer(_Xor())
     enc = KVSaver(":memory:", serde=serde)
