@@ -269,9 +269,7 @@ class CompressingSerializer(SerializerProtocol):
     def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
         return self.compress_typed(*self.serde.dumps_typed(obj))
 
-    def compress_small(
-        self, typ: str, data: bytes, *, remember: bool = True
-    ) -> tuple[str, bytes]:
+    def compress_small(self, typ: str, data: bytes, *, remember: bool = True) -> tuple[str, bytes]:
         """``compress_typed``, and below the threshold (from ``SMALL_MIN``
         bytes) zstd with ``SMALL_DICT`` when it saves 1/16 (``".zd1"``).
         ``remember=False``: the frame is not put in the cache of decompressed
