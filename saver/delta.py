@@ -210,6 +210,10 @@ class Pending(NamedTuple):
     key: bytes
     raw: bytes | None
     plain: bytes | None
+    # Issue #13: the delta made before the transaction on the base this
+    # process cached at its previous put: (base key, base record as cached,
+    # delta record). ``write`` takes it when the stored base is that record.
+    spec: tuple[bytes, bytes, bytes] | None = None
 
 
 class Codec:
@@ -375,9 +379,12 @@ class Codec:
         new_versions: Mapping[str, Any],
         values: Mapping[str, Any],
         dumps: Any,
+        parent_id: Any = None,
     ) -> list[Pending]:
         """Serialize a put's changed channels (before its transaction): a list
-        of at least ``min_bytes`` becomes plain msgpack, the rest records."""
+        of at least ``min_bytes`` becomes plain msgpack, the rest records.
+        ``parent_id``: a list that extends the version this process cached at
+        the put of that checkpoint gets its delta made here too (``_speculate``)."""
         out = []
         for ch, key in S.blob_keys(thread, ns, new_versions, new=True):
             if ch not in values:
@@ -387,7 +394,8 @@ class Codec:
             if self.enabled and type(v) is list:
                 typ, data = self.inner.dumps_typed(v)
                 if typ == "msgpack" and len(data) >= self.min_bytes and header(data):
-                    out.append(Pending(ch, key, None, data))
+                    spec = self._speculate(thread, ns, parent_id, ch, key, data)
+                    out.append(Pending(ch, key, None, data, spec))
                 else:
                     out.append(Pending(ch, key, S.encode_blob(self.wrap(typ, data)), None))
                 continue
@@ -452,7 +460,11 @@ class Codec:
             ref = parent.get(p.channel)
             raw = None
             if ref is not None:
-                raw = self._delta(txn, p, S.blob_key(thread, ns, p.channel, ref), ref, get)
+                bkey = S.blob_key(thread, ns, p.channel, ref)
+                if p.spec is not None and p.spec[0] == bkey and get(bkey) == p.spec[1]:
+                    raw = p.spec[2]  # made on this very base record: the same bytes
+                else:
+                    raw = self._delta(txn, p, bkey, ref, get)
             if raw is None:
                 raw = S.encode_blob(self.wrap("msgpack", p.plain))
                 self.recent.add(p.key, _Entry(raw, None, 0, p.plain))
@@ -474,7 +486,35 @@ class Codec:
         if braw is None:
             return None
         base = self._try_resolve(txn, bkey, braw)
-        if base is None or base.depth + 1 >= self.max_chain:
+        if base is None:
+            return None
+        return self._make_delta(p, bkey, ref, base)
+
+    def _speculate(
+        self, thread: str, ns: str, parent_id: Any, ch: str, key: bytes, plain: bytes
+    ) -> tuple[bytes, bytes, bytes] | None:
+        """Issue #13: the delta of a put's list on the version of its channel
+        at the parent checkpoint, made before the transaction from what this
+        process cached (the parent's versions at its put, the base's rebuilt
+        value), so its zstd call is made beside the checkpoint record's and
+        not inside the transaction. None when anything is not in memory."""
+        if not parent_id:
+            return None
+        parent = self._versions.get((thread, ns, str(parent_id)))
+        ref = parent.get(ch) if parent is not None else None
+        if ref is None:
+            return None
+        bkey = S.blob_key(thread, ns, ch, ref)
+        base = self.recent.items.get(bkey)
+        if base is None or bkey == key:
+            return None
+        raw = self._make_delta(Pending(ch, key, None, plain), bkey, ref, base)
+        return None if raw is None else (bkey, base.raw, raw)
+
+    def _make_delta(self, p: Pending, bkey: bytes, ref: Any, base: _Entry) -> bytes | None:
+        """The delta record of ``p`` on ``base``, the value at ``bkey``, or None."""
+        assert p.plain is not None
+        if base.depth + 1 >= self.max_chain:
             return None
         new, old = header(p.plain), header(base.plain)
         if new is None or old is None or old[0] > new[0]:

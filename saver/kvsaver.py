@@ -621,8 +621,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         checkpoint_id = _id(cp["id"], "put: checkpoint['id']")
         # Lists as plain msgpack: stored as deltas where they extend (issue #15).
         codec = self._codec()
-        blobs = codec.prepare(thread, ns, new_versions, values, dumps)
         parent_id = conf.get("checkpoint_id")
+        blobs = codec.prepare(thread, ns, new_versions, values, dumps, parent_id)
         rec = S.make_checkpoint_record(
             thread,
             ns,
