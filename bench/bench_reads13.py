@@ -20,6 +20,7 @@ use ``x_sqlite``. ``KVSAVER_BENCH_QUICK=1`` builds 100 threads instead.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import shutil
@@ -169,12 +170,30 @@ def test_reads13(benchmark: Any, stores13: dict[str, Store13], workload: str) ->
         names.append(FLOOR)
     wall: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
+    # Time the garbage collector spends inside each saver's timed calls, by
+    # generation: a full collection walks every object of the process (the
+    # whole benchmark session's heap), so whichever call happens to trigger
+    # one pays for all of it. Each saver's calls start after a full
+    # collection (so none inherits the collector's debt of the one before);
+    # what is collected inside them is reported, not subtracted.
+    gc_seconds: dict[str, list[float]] = {name: [0.0, 0.0, 0.0] for name in names}
+    timing: list[Any] = [None, 0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if timing[0] is None:
+            return
+        if phase == "start":
+            timing[1] = time.perf_counter()
+        else:
+            gc_seconds[timing[0]][info["generation"]] += time.perf_counter() - timing[1]
     counter = itertools.count()
     calls = {name: itertools.count() for name in names}  # each saver walks the threads
 
     def one_round(r: int) -> None:
         for name in rotated(names, r):
             first = next(calls[name]) * n
+            gc.collect()  # each saver's calls start from the same collector state
+            timing[0] = name if r > 0 else None
             w0, c0 = time.perf_counter(), time.thread_time()
             if name == FLOOR:
                 assert floor is not None
@@ -185,12 +204,17 @@ def test_reads13(benchmark: Any, stores13: dict[str, Store13], workload: str) ->
                 for i in range(first, first + n):
                     op(st, i)
             w, c = time.perf_counter() - w0, time.thread_time() - c0
+            timing[0] = None
             if r > 0:  # round 0 is the warm-up
                 wall[name].append(w / n)
                 cpu[name].append(c / n)
 
     label(benchmark, f"reads13:{workload}", "all savers", 1)
-    benchmark.pedantic(one_round, setup=lambda: ((next(counter),), {}), rounds=rounds + 1)
+    gc.callbacks.append(on_gc)
+    try:
+        benchmark.pedantic(one_round, setup=lambda: ((next(counter),), {}), rounds=rounds + 1)
+    finally:
+        gc.callbacks.remove(on_gc)
     if workload == "list:filter":
         got = len(list(stores13[KV_LMDB].saver.list(None, filter=R13_FILTER)))
         assert got == THREADS, got
@@ -204,6 +228,9 @@ def test_reads13(benchmark: Any, stores13: dict[str, Store13], workload: str) ->
         cpu_per_op_us={k: round(median(v) * 1e6, 1) for k, v in cpu.items()},
         x_sqlite={k: _x(v, wall[SQLITE]) for k, v in wall.items()},
         x_sqlite_cpu={k: _x(v, cpu[SQLITE]) for k, v in cpu.items()},
+        gc_us_per_op_by_generation={
+            k: [round(g / (rounds * n) * 1e6, 1) for g in v] for k, v in gc_seconds.items()
+        },
     )
 
 
