@@ -186,6 +186,7 @@ def test_reads13(benchmark: Any, stores13: dict[str, Store13], workload: str) ->
             timing[1] = time.perf_counter()
         else:
             gc_seconds[timing[0]][info["generation"]] += time.perf_counter() - timing[1]
+
     counter = itertools.count()
     calls = {name: itertools.count() for name in names}  # each saver walks the threads
 
