@@ -97,7 +97,8 @@ def floor_reader(st: Store13, workload: str) -> Callable[[int], Any]:
     ddz = zstandard.ZstdDecompressor(dict_data=C._ZDICT)
     codec = D.codec(saver.serde)
     plans = []
-    for cfg in st.by_id if workload == "get_tuple:by_id" else st.latest:
+    cfgs = st.by_id if workload == "get_tuple:by_id" else st.latest
+    for cfg in cfgs if workload != "list:filter" else []:
         thread = cfg["configurable"]["thread_id"]
         if workload == "list:limit10":
             tuples = list(saver.list(cfg, limit=10))
@@ -115,6 +116,17 @@ def floor_reader(st: Store13, workload: str) -> Callable[[int], Any]:
             blobs = [S.blob_key(thread, "", ch, v) for ch, v in versions.items()]
             per.append((blobs, S.writes_range(thread, "", cid)))
         plans.append((workload == "get_tuple:by_id", where, per))
+    if workload == "list:filter":  # every match, newest first, as list() returns them
+        matches = list(saver.list(None, filter=R13_FILTER))
+        ((key, value),) = R13_FILTER.items()
+        index = S.meta_range(key, S.meta_value(value)[1])
+        per = []
+        for tup in matches:
+            c = tup.config["configurable"]
+            thread, cid = c["thread_id"], c["checkpoint_id"]
+            versions = tup.checkpoint["channel_versions"]
+            blobs = [S.blob_key(thread, "", ch, v) for ch, v in versions.items()]
+            per.append((S.checkpoint_key(thread, "", cid), blobs, S.writes_range(thread, "", cid)))
 
     def load(typ: str, body: bytes) -> Any:
         if typ.endswith(C.SUFFIX):
@@ -144,6 +156,21 @@ def floor_reader(st: Store13, workload: str) -> Callable[[int], Any]:
                 writes.append((task, channel, load(wt, wb)))
         return checkpoint, values, load(rec[6], rec[7]), writes
 
+    def read_filtered(i: int) -> Any:
+        # The index walk (one reverse cursor pass over its range), then each
+        # match's record by its key, built in advance like every other key.
+        with env.begin() as txn:
+            cur = txn.cursor()
+            cur.set_range(index[1])
+            n = 0
+            while cur.prev() and cur.key() >= index[0]:
+                n += 1
+            assert n == len(per), (n, len(per))
+            return [one(txn, txn.get(rkey), blobs, wr) for rkey, blobs, wr in per]
+
+    if workload == "list:filter":
+        return read_filtered
+
     def read(i: int) -> Any:
         by_key, where, per = plans[i % len(plans)]
         with env.begin() as txn:
@@ -164,10 +191,8 @@ def floor_reader(st: Store13, workload: str) -> Callable[[int], Any]:
 def test_reads13(benchmark: Any, stores13: dict[str, Store13], workload: str) -> None:
     op, n, rounds = WORKLOADS[workload]
     names = list(stores13)
-    floor = None
-    if workload != "list:filter":
-        floor = floor_reader(stores13[KV_LMDB], workload)
-        names.append(FLOOR)
+    floor = floor_reader(stores13[KV_LMDB], workload)
+    names.append(FLOOR)
     wall: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
     # Time the garbage collector spends inside each saver's timed calls, by
