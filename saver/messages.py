@@ -102,7 +102,10 @@ def _fast_class(module: str, name: str) -> type | None:
 def fast_hook(stock: Hook) -> Hook:
     """``stock`` (a ``JsonPlusSerializer``'s ext hook) with messages built
     directly; the same function for the same ``stock`` (callers cache by it)."""
-    hook = _hooks.get(stock)
+    try:
+        hook = _hooks.get(stock)
+    except TypeError:  # not weakly referenceable: a hook of its own each time
+        hook = None
     if hook is not None:
         return hook
     unpackb, option = ormsgpack.unpackb, ormsgpack.OPT_NON_STR_KEYS
@@ -125,4 +128,7 @@ def fast_hook(stock: Hook) -> Hook:
             return stock(code, data)
 
     with _lock:
-        return _hooks.setdefault(stock, ext_hook)
+        try:
+            return _hooks.setdefault(stock, ext_hook)
+        except TypeError:
+            return ext_hook

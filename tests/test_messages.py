@@ -199,3 +199,18 @@ messages = st.one_of(
 def test_fast_hook_property(value: list[Any]) -> None:
     stock, fast = both(value)
     assert same(stock, fast)
+
+
+def test_a_hook_that_cannot_be_weakly_referenced_still_works() -> None:
+    stock = JsonPlusSerializer()._unpack_ext_hook
+
+    class Slotted:
+        __slots__ = ()
+
+        def __call__(self, code: int, data: bytes) -> Any:
+            return stock(code, data)
+
+    hook = M.fast_hook(Slotted())
+    _, data = JsonPlusSerializer().dumps_typed([HumanMessage("x")])
+    want = ormsgpack.unpackb(data, ext_hook=stock, option=OPT)
+    assert same(ormsgpack.unpackb(data, ext_hook=hook, option=OPT), want)
