@@ -100,6 +100,7 @@ __all__ = ["MARK", "MAX_CHAIN", "MIN_BYTES", "Codec", "base_key", "codec", "is_d
 
 MARK = b"\xd1"
 MAX_CHAIN = 64
+STRIDE = 8  # every STRIDE-th version of a chain extends the STRIDE-th before it
 MIN_BYTES = 512  # a smaller list is stored whole: a chain would save too little
 PIECE_THRESHOLD = 128  # pieces from here are compressed (zstd with its dictionary)
 CACHE_BYTES = 8 << 20
@@ -223,6 +224,7 @@ class Codec:
         self.inner = self.comp.serde if self.comp is not None else mid
         self.enabled = isinstance(self.inner, JsonPlusSerializer)
         self.max_chain = MAX_CHAIN
+        self.stride = STRIDE
         self.min_bytes = MIN_BYTES
         self.recent = _Recent(CACHE_BYTES)
         # (thread, ns, checkpoint id) -> channel_versions of checkpoints this
@@ -476,6 +478,14 @@ class Codec:
         base = self._try_resolve(txn, bkey, braw)
         if base is None or base.depth + 1 >= self.max_chain:
             return None
+        depth = base.depth + 1
+        if self.stride > 1 and depth % self.stride == 0:
+            # A long step: on the version ``stride`` back, so a read of any
+            # version joins at most stride - 1 short steps and then
+            # max_chain / stride long ones ("Chains" in the module docstring).
+            jump = self._ancestor(txn, bkey, braw, depth - self.stride, get)
+            if jump is not None:
+                bkey, ref, base = jump
         new, old = header(p.plain), header(base.plain)
         if new is None or old is None or old[0] > new[0]:
             return None
@@ -494,10 +504,43 @@ class Codec:
         h.update(typ.encode())
         h.update(b"\x00")
         h.update(piece)
-        rec = DeltaRecord(ref, new[0], base.depth + 1, h.digest(), typ, piece)
+        rec = DeltaRecord(ref, new[0], depth, h.digest(), typ, piece)
         raw = encode(rec)
         self.recent.add(p.key, _Entry(raw, rec.digest, rec.depth, p.plain))
         return raw
+
+    def _ancestor(
+        self,
+        txn: Any,
+        key: bytes,
+        raw: bytes,
+        depth: int,
+        get: Callable[[bytes], bytes | None],
+    ) -> tuple[bytes, Any, _Entry] | None:
+        """The version at ``depth`` of the chain through ``key`` (a delta of
+        greater depth): its key, version and value, or None when the chain
+        does not pass through that depth (then the parent stays the base).
+        The versions between are the channel's previous keys: one reverse
+        scan reads them (one round trip on a network store)."""
+        steps = self.stride
+        below = dict(txn.scan(S.blob_channel_range(key)[0], key, reverse=True, limit=steps))
+        prefix = S.blob_prefix(key)
+        r: bytes | None = raw
+        for _ in range(steps):
+            if r is None or r[:1] != MARK:
+                return None
+            ref = decode(r).ref
+            k = prefix + S.version_element(ref)
+            r = below[k] if k in below else get(k)
+            if r is None:
+                return None
+            d = decode(r).depth if r[:1] == MARK else 0
+            if d < depth:
+                return None
+            if d == depth:
+                e = self._try_resolve(txn, k, r)
+                return (k, ref, e) if e is not None and e.depth == depth else None
+        return None
 
     def read_keys(
         self, thread: str, ns: str, parent_id: Any, pending: Iterable[Pending]
