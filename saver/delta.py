@@ -69,9 +69,10 @@ versions' elements, and a read of depth d joins ``d % STRIDE`` short steps
 and ``d // STRIDE`` long ones. The records are the same as before (a ref to
 an older version of the channel), so stores written before read as they
 are, kvsavers from before read these, and every delete and copy follows refs
-as it did. Measured (bench_long_chat.py, 3 x 120 turns, depth 47): the cold
-rebuild 1.38 -> 0.78 ms, bytes on disk 0.0450x SqliteSaver's before and
-after (a long step's piece is ~8 messages, compressed better per message).
+as it did. Measured on bench_long_chat.py's chat (bench/results/
+PROFILE15_READ.md): at 120 turns (depth 47) the cold rebuild 1.38 -> 0.78 ms;
+bytes on disk of one thread 1.258 -> 1.282 MB (+2%), of 3 x 120 turns
+0.0450x SqliteSaver's before and after.
 ``STRIDE`` = 8 = sqrt(K) makes the most steps (7 + 7) fewest for the bytes
 (each block of 8 versions stores 15 versions' elements instead of 8).
 
