@@ -26,6 +26,7 @@ from typing import Any
 import bench_long_chat as L
 from kvsaver import KVSaver
 from kvsaver import compression as C
+from kvsaver import delta as D
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.checkpoint.sqlite import SqliteSaver
@@ -97,6 +98,44 @@ def decode_only(kv: Any, rounds: int) -> float:
     return statistics.median(ts) * 1e3
 
 
+def parts(kv: Any, rounds: int) -> dict[str, float]:
+    """Cold reads (a fresh serializer each) with the delta codec's parts
+    timed inside (process CPU, median ms): ``typed`` (the whole rebuild), the
+    records' ``decode``, the whole base's ``unwrap`` and the ``pieces``."""
+    acc: dict[str, float] = {}
+
+    def timed(label: str, fn: Any) -> Any:
+        def f(*args: Any) -> Any:
+            t0 = time.process_time()
+            try:
+                return fn(*args)
+            finally:
+                acc[label] = acc.get(label, 0.0) + time.process_time() - t0
+
+        return f
+
+    saved = D.Codec.typed, D.Codec.unwrap, D.Codec._piece_reader, D.decode
+    D.Codec.typed = timed("typed", saved[0])  # type: ignore[method-assign]
+    D.Codec.unwrap = timed("unwrap", saved[1])  # type: ignore[method-assign]
+    D.Codec._piece_reader = lambda self: timed("pieces", saved[2](self))  # type: ignore
+    D.decode = timed("decode", saved[3])
+    cfg: Any = {"configurable": {"thread_id": "chat-00"}}
+    serde, out = kv.serde, {}
+    try:
+        for _ in range(rounds):
+            kv.serde = C.wrap(JsonPlusSerializer())
+            acc.clear()
+            t0 = time.process_time()
+            kv.get_tuple(cfg)
+            acc["get_tuple"] = time.process_time() - t0
+            for k, v in acc.items():
+                out.setdefault(k, []).append(v)
+    finally:
+        D.Codec.typed, D.Codec.unwrap, D.Codec._piece_reader, D.decode = saved
+        kv.serde = serde
+    return {k: statistics.median(v) * 1e3 for k, v in out.items()}
+
+
 def profile(kv: Any, cold: bool, n: int) -> str:
     cfg: Any = {"configurable": {"thread_id": "chat-00"}}
     pr = cProfile.Profile()
@@ -120,6 +159,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--ab", action="store_true", help="also kv with the stock ext hook")
+    p.add_argument("--parts", action="store_true", help="the cold rebuild's parts")
     a = p.parse_args()
     sq, kv = build(a.workdir, a.turns)
     for _ in range(5):
@@ -131,6 +171,9 @@ def main() -> None:
     for n, v in med.items():
         print(f"  {n:8s} {v:7.3f} ms  {v / med['sqlite']:.3f}x")
     print(f"  decode of the message list alone (JsonPlusSerializer): {dec:.3f} ms")
+    if a.parts:
+        for k, v in parts(kv, a.rounds).items():
+            print(f"  cold, {k:10s} {v:7.3f} ms")
     if a.profile:
         for cold in (False, True):
             print(f"--- kv {'cold' if cold else 'warm'} ---")
