@@ -492,6 +492,25 @@ def test_prune_keeps_the_chain_of_the_latest_and_nothing_else() -> None:
     assert _fresh(saver).get_tuple(_cfg("t")).checkpoint == want
 
 
+def test_prune_and_copy_keep_the_long_steps_of_the_latest() -> None:
+    """The latest of 20 versions (depth 19) reads over 19, 18, 17, 16, 8 and
+    the whole 0: prune keeps exactly those, a copy reads the same."""
+    saver = KVSaver(":memory:")
+    _chat(saver, "t", 20)
+    want = saver.get_tuple(_cfg("t")).checkpoint
+    saver.prune(["t"])
+    with saver.store.read() as txn:
+        depths = sorted(
+            D.decode(v).depth if D.is_delta(v) else 0 for _, v in txn.scan(*S.blobs_range("t"))
+        )
+    assert depths == [0, 8, 16, 17, 18, 19]
+    saver.copy_thread("t", "u")
+    for s in (saver, _fresh(saver)):
+        assert s.get_tuple(_cfg("t")).checkpoint == want
+        got = s.get_tuple(_cfg("u")).checkpoint
+        assert got["channel_values"] == want["channel_values"]
+
+
 def test_forks_share_their_base() -> None:
     saver = _small_chains(KVSaver(":memory:"), k=8)
     base = _chat(saver, "t", 3, run="x")
