@@ -85,6 +85,8 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
+from .messages import fast_hook
+
 __all__ = [
     "DEFAULT_CACHE_BYTES",
     "DEFAULT_LEVEL",
@@ -383,6 +385,7 @@ def loader(serde: SerializerProtocol) -> Callable[[tuple[str, bytes]], Any]:
     hook = getattr(inner, "_unpack_ext_hook", None)
     if type(inner) is not JsonPlusSerializer or hook is None:
         return serde.loads_typed
+    hook = fast_hook(hook)  # messages built with less Python, the same objects (issue #15)
     fast = serde._loader
     if fast is not None and fast[0] is hook:
         return fast[1]

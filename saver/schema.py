@@ -89,9 +89,11 @@ order, which is what "latest = last key" relies on.
 **Delta values** (format 3, ``saver/delta.py``): a list channel's version that
 extends, element for element and byte for byte, the version stored at the
 put's parent checkpoint is stored as the appended elements' bytes plus a
-reference (``ref``) to that version of the same (thread, ns, channel); ``n``
-is the whole value's element count, ``depth`` the number of deltas down to a
-whole copy (below ``delta.MAX_CHAIN``), ``digest`` names the content, and
+reference (``ref``) to that version of the same (thread, ns, channel) (every
+``delta.STRIDE``-th delta of a chain: to the version ``STRIDE`` back on its
+chain, a long step); ``n`` is the whole value's element count, ``depth`` the
+number of versions since the chain's whole copy (below
+``delta.MAX_CHAIN``), ``digest`` names the content, and
 ``type``/``piece`` are the appended bytes after compression and encryption.
 A whole record never starts with byte 0xD1 (its type name is ASCII), so both
 kinds live side by side and stores written before keep reading. Invariant:
