@@ -74,12 +74,12 @@ def _forwarding() -> frozenset[Any]:
 
 
 _FORWARDING: frozenset[Any] | None = None
-_classes: dict[tuple[str, str], type | None] = {}  # (module, name) -> class, or None: stock
+_classes: dict[tuple[str, str], Any] = {}  # (module, name) -> class, or None: stock
 _hooks: weakref.WeakKeyDictionary[Any, Hook] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
-def _fast_class(module: str, name: str) -> type | None:
+def _fast_class(module: str, name: str) -> Any:
     """The class to build directly, or None (the stock hook builds it)."""
     global _FORWARDING
     key = (module, name)
