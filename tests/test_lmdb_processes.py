@@ -331,6 +331,62 @@ def test_a_read_does_not_call_env_info(tmp_path: Path) -> None:
     store.close()
 
 
+def test_used_by_meta_is_lmdbs_last_page(tmp_path: Path) -> None:
+    """_Env.used_by_meta reads the pages in use from the meta pages (every
+    write asked env.info(), which releases the GIL; issue #13, 8 writer
+    threads); it must agree with LMDB, in this process and after another's
+    commit, as the store grows."""
+    path = str(tmp_path / "s")
+    store = LMDBStore(path)
+    env = store._env
+
+    def lmdb_says() -> int:
+        return (int(env.env.info()["last_pgno"]) + 1) * env.psize
+
+    assert env.used_by_meta() == lmdb_says()
+    for i in range(40):
+        with store.write() as txn:
+            txn.put(b"k%03d" % i, bytes(3000))  # about a page each: the file grows
+        assert env.used_by_meta() == lmdb_says()
+    assert env.used_by_meta() > 40 * 3000
+    other = CTX.Process(target=_commit_one, args=(path,))
+    other.start()
+    other.join(START_TIMEOUT)
+    assert other.exitcode == 0
+    assert env.used_by_meta() == lmdb_says()
+    store.close()
+
+
+def test_a_write_does_not_call_env_info(tmp_path: Path) -> None:
+    """A write transaction's zero-ahead check asked env.info() for the pages
+    in use at every write; info() releases the GIL, so a group-commit leader
+    gave it to the writer threads preparing their next request and waited to
+    get it back (issue #13). Now only when zeroing (or the headroom check,
+    one write in 16) is due."""
+    store = LMDBStore(str(tmp_path / "s"))
+    with store.write() as txn:  # zeroes ahead, and leaves headroom checks off a while
+        txn.put(b"k", b"v")
+    real = store._env.env
+
+    class NoInfo:
+        def info(self) -> None:
+            raise AssertionError("env.info() in a write")
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    store._env.env = NoInfo()  # type: ignore[assignment]
+    try:
+        with store.write() as txn:
+            txn.put(b"k", b"w")
+        store.transact(lambda txn: txn.put(b"j", b"x"))
+    finally:
+        store._env.env = real
+    with store.read() as txn:
+        assert (txn.get(b"k"), txn.get(b"j")) == (b"w", b"x")
+    store.close()
+
+
 def _commit_one(path: str) -> None:
     with LMDBStore(path) as store, store.write() as txn:
         txn.put(b"other", b"process")
