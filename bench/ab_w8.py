@@ -9,9 +9,9 @@ process CPU per operation (``time.process_time``: both cores, kernel
 included), and the median of the per-round ratios to ``before``.
 
 * ``before``: the write path as it was: a leader waiting for its batch to
-  fill polls (``time.sleep(50 us)`` and a look at the queue), and every write
-  transaction asks ``env.info()`` for the pages in use (zero_ahead); both
-  release the GIL.
+  fill polls (``time.sleep(50 us)`` and a look at the queue) for at most half
+  of the last commit's time, and every write transaction asks ``env.info()``
+  for the pages in use (zero_ahead); the sleeps and info() release the GIL.
 * ``after``: the code as it is.
 
     python bench/ab_w8.py --rounds 10
