@@ -14,7 +14,13 @@ included), and the median of the per-round ratios to ``before``.
   for the pages in use (zero_ahead); the sleeps and info() release the GIL.
 * ``after``: the code as it is.
 
-    python bench/ab_w8.py --rounds 10
+With ``--graph N``, each round also runs bench_graph's agent loop
+(``run_loop``: N conversations, one after the other, of a 30-turn loop;
+LangGraph writes put_writes and put from its worker threads) for each
+variant and once with no checkpointer; reported per superstep: the overhead
+over the run without a checkpointer in the same round.
+
+    python bench/ab_w8.py --rounds 10 [--graph 3]
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _concurrency import put_writes_ops, threaded_put_writes
+from _workloads import LOOP_TURNS, build_agent, run_loop
 from kvsaver import KVSaver
 from kvsaver.kv import lmdb_store as L
 
@@ -76,6 +83,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--graph", type=int, default=0, help="conversations of the agent loop")
     args = ap.parse_args()
     names = args.variants.split(",")
     root = tempfile.mkdtemp(prefix="ab_w8-")
@@ -86,6 +94,14 @@ def main() -> None:
             "1 thread: CPU/op us": []}
         for v in names
     }
+    plain = build_agent(None)
+    graphs = {v: build_agent(savers[v]) for v in names}
+    if args.graph:
+        for v in names:
+            res[v]["graph loop: overhead/superstep us"] = []
+        run_loop(plain, "warm", False, threads=1)
+    # a 30-turn loop: an agent and a tools step per turn, plus input and end
+    supersteps = args.graph * (2 * LOOP_TURNS + 1)
     try:
         for r in range(args.rounds + 1):  # round 0: warm-up, discarded
             order = names[r % len(names):] + names[: r % len(names)]
@@ -99,6 +115,18 @@ def main() -> None:
                     if r:
                         res[v][f"{label}: ops/s"].append(200 / t)
                         res[v][f"{label}: CPU/op us"].append(c / 200 * 1e6)
+            if args.graph:
+                t0 = time.perf_counter()
+                run_loop(plain, f"none-{r}", False, threads=args.graph)
+                none = time.perf_counter() - t0
+                for v in order:
+                    _install(v)
+                    t0 = time.perf_counter()
+                    run_loop(graphs[v], f"{v}-g-{r}", True, threads=args.graph)
+                    t = time.perf_counter() - t0
+                    if r:
+                        over = (t - none) / supersteps * 1e6
+                        res[v]["graph loop: overhead/superstep us"].append(over)
     finally:
         _install("after")
         pool.shutdown()
