@@ -8,12 +8,14 @@ reaped: the parent waits with timeouts and kills whatever is left in finally.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import queue
 import random
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -314,22 +316,29 @@ def test_a_read_does_not_call_env_info(tmp_path: Path) -> None:
     store = LMDBStore(str(tmp_path / "s"))
     with store.write() as txn:
         txn.put(b"k", b"v")
+    with _without_env_info(store, "in a read"):
+        with store.read() as txn:
+            assert txn.get(b"k") == b"v"
+    store.close()
+
+
+@contextlib.contextmanager
+def _without_env_info(store: LMDBStore, where: str) -> Iterator[None]:
+    """``store``'s environment, with ``info()`` failing the test."""
     real = store._env.env
 
     class NoInfo:
         def info(self) -> None:
-            raise AssertionError("env.info() in a read")
+            raise AssertionError(f"env.info() {where}")
 
         def __getattr__(self, name: str) -> Any:
             return getattr(real, name)
 
     store._env.env = NoInfo()
     try:
-        with store.read() as txn:
-            assert txn.get(b"k") == b"v"
+        yield
     finally:
         store._env.env = real
-    store.close()
 
 
 def test_used_by_meta_is_lmdbs_last_page(tmp_path: Path) -> None:
@@ -367,22 +376,10 @@ def test_a_write_does_not_call_env_info(tmp_path: Path) -> None:
     store = LMDBStore(str(tmp_path / "s"))
     with store.write() as txn:  # zeroes ahead, and leaves headroom checks off a while
         txn.put(b"k", b"v")
-    real = store._env.env
-
-    class NoInfo:
-        def info(self) -> None:
-            raise AssertionError("env.info() in a write")
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(real, name)
-
-    store._env.env = NoInfo()  # type: ignore[assignment]
-    try:
+    with _without_env_info(store, "in a write"):
         with store.write() as txn:
             txn.put(b"k", b"w")
         store.transact(lambda txn: txn.put(b"j", b"x"))
-    finally:
-        store._env.env = real
     with store.read() as txn:
         assert (txn.get(b"k"), txn.get(b"j")) == (b"w", b"x")
     store.close()
