@@ -129,9 +129,13 @@ def _disk(name: str, saver: Any, path: str) -> int:
 
 def _reads(savers: dict[str, Any], threads: list[str], rounds: int) -> dict[str, Any]:
     """Paired rounds of get_tuple(latest) over every thread; per saver the
-    median seconds, and "kv cold" through a fresh serializer each time."""
+    median seconds, and "kv cold" through a fresh serializer each time. Also
+    process CPU time (``cpu_*``): the median of each saver's per-read ratio
+    to SqliteSaver's read in the same round, which a loaded machine (other
+    processes taking the cores) moves much less than wall time."""
     names = [*savers, *(["kv cold"] if "kv" in savers else [])]
     times: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
     for r in range(rounds):
         for th in threads:
             cfg: RunnableConfig = {"configurable": {"thread_id": th}}
@@ -141,15 +145,23 @@ def _reads(savers: dict[str, Any], threads: list[str], rounds: int) -> dict[str,
                 serde = saver.serde
                 if n == "kv cold":
                     saver.serde = C.wrap(JsonPlusSerializer())
+                c0 = time.process_time()
                 t0 = time.perf_counter()
                 tup = saver.get_tuple(cfg)
                 times[n].append(time.perf_counter() - t0)
+                cpu[n].append(time.process_time() - c0)
                 saver.serde = serde
                 assert tup is not None
     med = {n: statistics.median(v) for n, v in times.items()}
+    cpu_ratios = {
+        n: statistics.median(a / b for a, b in zip(v, cpu["sqlite"]) if b > 0)
+        for n, v in cpu.items()
+    }
     return {
         "median_ms": {n: round(v * 1e3, 3) for n, v in med.items()},
         "ratio_vs_sqlite": {n: round(v / med["sqlite"], 3) for n, v in med.items()},
+        "cpu_median_ms": {n: round(statistics.median(v) * 1e3, 3) for n, v in cpu.items()},
+        "cpu_ratio_vs_sqlite": {n: round(v, 3) for n, v in cpu_ratios.items()},
     }
 
 

@@ -20,6 +20,7 @@ use ``x_sqlite``. ``KVSAVER_BENCH_QUICK=1`` builds 100 threads instead.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import os
 import shutil
@@ -96,7 +97,8 @@ def floor_reader(st: Store13, workload: str) -> Callable[[int], Any]:
     ddz = zstandard.ZstdDecompressor(dict_data=C._ZDICT)
     codec = D.codec(saver.serde)
     plans = []
-    for cfg in st.by_id if workload == "get_tuple:by_id" else st.latest:
+    cfgs = st.by_id if workload == "get_tuple:by_id" else st.latest
+    for cfg in cfgs if workload != "list:filter" else []:
         thread = cfg["configurable"]["thread_id"]
         if workload == "list:limit10":
             tuples = list(saver.list(cfg, limit=10))
@@ -114,6 +116,17 @@ def floor_reader(st: Store13, workload: str) -> Callable[[int], Any]:
             blobs = [S.blob_key(thread, "", ch, v) for ch, v in versions.items()]
             per.append((blobs, S.writes_range(thread, "", cid)))
         plans.append((workload == "get_tuple:by_id", where, per))
+    if workload == "list:filter":  # every match, newest first, as list() returns them
+        matches = list(saver.list(None, filter=R13_FILTER))
+        ((key, value),) = R13_FILTER.items()
+        index = S.meta_range(key, S.meta_value(value)[1])
+        per = []
+        for tup in matches:
+            c = tup.config["configurable"]
+            thread, cid = c["thread_id"], c["checkpoint_id"]
+            versions = tup.checkpoint["channel_versions"]
+            blobs = [S.blob_key(thread, "", ch, v) for ch, v in versions.items()]
+            per.append((S.checkpoint_key(thread, "", cid), blobs, S.writes_range(thread, "", cid)))
 
     def load(typ: str, body: bytes) -> Any:
         if typ.endswith(C.SUFFIX):
@@ -143,6 +156,21 @@ def floor_reader(st: Store13, workload: str) -> Callable[[int], Any]:
                 writes.append((task, channel, load(wt, wb)))
         return checkpoint, values, load(rec[6], rec[7]), writes
 
+    def read_filtered(i: int) -> Any:
+        # The index walk (one reverse cursor pass over its range), then each
+        # match's record by its key, built in advance like every other key.
+        with env.begin() as txn:
+            cur = txn.cursor()
+            cur.set_range(index[1])
+            n = 0
+            while cur.prev() and cur.key() >= index[0]:
+                n += 1
+            assert n == len(per), (n, len(per))
+            return [one(txn, txn.get(rkey), blobs, wr) for rkey, blobs, wr in per]
+
+    if workload == "list:filter":
+        return read_filtered
+
     def read(i: int) -> Any:
         by_key, where, per = plans[i % len(plans)]
         with env.begin() as txn:
@@ -163,18 +191,35 @@ def floor_reader(st: Store13, workload: str) -> Callable[[int], Any]:
 def test_reads13(benchmark: Any, stores13: dict[str, Store13], workload: str) -> None:
     op, n, rounds = WORKLOADS[workload]
     names = list(stores13)
-    floor = None
-    if workload != "list:filter":
-        floor = floor_reader(stores13[KV_LMDB], workload)
-        names.append(FLOOR)
+    floor = floor_reader(stores13[KV_LMDB], workload)
+    names.append(FLOOR)
     wall: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
+    # Time the garbage collector spends inside each saver's timed calls, by
+    # generation: a full collection walks every object of the process (the
+    # whole benchmark session's heap), so whichever call happens to trigger
+    # one pays for all of it. Each saver's calls start after a full
+    # collection (so none inherits the collector's debt of the one before);
+    # what is collected inside them is reported, not subtracted.
+    gc_seconds: dict[str, list[float]] = {name: [0.0, 0.0, 0.0] for name in names}
+    timing: list[Any] = [None, 0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if timing[0] is None:
+            return
+        if phase == "start":
+            timing[1] = time.perf_counter()
+        else:
+            gc_seconds[timing[0]][info["generation"]] += time.perf_counter() - timing[1]
+
     counter = itertools.count()
     calls = {name: itertools.count() for name in names}  # each saver walks the threads
 
     def one_round(r: int) -> None:
         for name in rotated(names, r):
             first = next(calls[name]) * n
+            gc.collect()  # each saver's calls start from the same collector state
+            timing[0] = name if r > 0 else None
             w0, c0 = time.perf_counter(), time.thread_time()
             if name == FLOOR:
                 assert floor is not None
@@ -185,12 +230,17 @@ def test_reads13(benchmark: Any, stores13: dict[str, Store13], workload: str) ->
                 for i in range(first, first + n):
                     op(st, i)
             w, c = time.perf_counter() - w0, time.thread_time() - c0
+            timing[0] = None
             if r > 0:  # round 0 is the warm-up
                 wall[name].append(w / n)
                 cpu[name].append(c / n)
 
     label(benchmark, f"reads13:{workload}", "all savers", 1)
-    benchmark.pedantic(one_round, setup=lambda: ((next(counter),), {}), rounds=rounds + 1)
+    gc.callbacks.append(on_gc)
+    try:
+        benchmark.pedantic(one_round, setup=lambda: ((next(counter),), {}), rounds=rounds + 1)
+    finally:
+        gc.callbacks.remove(on_gc)
     if workload == "list:filter":
         got = len(list(stores13[KV_LMDB].saver.list(None, filter=R13_FILTER)))
         assert got == THREADS, got
@@ -204,6 +254,9 @@ def test_reads13(benchmark: Any, stores13: dict[str, Store13], workload: str) ->
         cpu_per_op_us={k: round(median(v) * 1e6, 1) for k, v in cpu.items()},
         x_sqlite={k: _x(v, wall[SQLITE]) for k, v in wall.items()},
         x_sqlite_cpu={k: _x(v, cpu[SQLITE]) for k, v in cpu.items()},
+        gc_us_per_op_by_generation={
+            k: [round(g / (rounds * n) * 1e6, 1) for g in v] for k, v in gc_seconds.items()
+        },
     )
 
 

@@ -258,6 +258,9 @@ class _Env:
         self.leader: _Request | None = None
         self.batch: list[_Request] = []
         self.batch_sizes = (1, 1)  # the last two batches
+        # A leader waiting for its batch to fill (gather()): its wake-up lock
+        # and how many queued requests release it. Changes only under queue_lock.
+        self.gatherer: tuple[threading.Lock, int] | None = None
         self.commit_seconds = 0.0  # how long the last batch took
         self.gate = _SharedExclusive()
         # Zeroing ahead (see zero_ahead()): the data file's end we know is
@@ -318,7 +321,7 @@ class _Env:
         self.pid = os.getpid()
 
     def check_fork(self) -> None:
-        if self.pid == os.getpid():
+        if self.pid == _PID:  # not os.getpid(): a system call, at every transaction
             return
         with _REGISTRY_LOCK:
             if self.pid == os.getpid():
@@ -346,24 +349,33 @@ class _Env:
         request right now: without waiting, the first to come back would
         commit alone and the rest queue behind it, so batches alternate
         between one and all-but-one. Wait until as many requests as the
-        larger of the last two batches are queued, for at most half a commit
-        (and _GATHER_MAX_SECONDS). A lone writer never waits.
+        larger of the last two batches are queued, for at most as long as the
+        last commit took (and _GATHER_MAX_SECONDS): a request that misses
+        this batch waits that long anyway, for the next one, and costs a flush
+        of its own (half a commit left a batch of 8 writer threads short by
+        one or two about every other time: 0.83x the throughput, 1.15x the
+        CPU per operation, bench/ab_w8.py). A lone writer never waits.
 
-        The wait polls with the lock released (a sleep, then a look under
-        ``with``), not with Condition.wait: that releases and retakes its lock
-        inside the caller's ``with`` block, and an interrupt landing between
-        the two (seen in CI) left ``with`` releasing a lock nobody held."""
+        The request that fills the batch wakes the leader (``gatherer``,
+        released in LMDBStore._group_commit): no polling, whose sleeps each
+        gave the GIL to the writers preparing their requests and then waited
+        to get it back (issue #13). The wait is a lock created held, as a
+        request's ``wake``: not Condition.wait, which releases and retakes its
+        lock inside the caller's ``with`` block, where an interrupt landing
+        between the two (seen in CI) left ``with`` releasing a lock nobody
+        held. A wake-up lost to an interrupt only ends the wait at its
+        timeout; a stale ``gatherer`` is replaced by the next gather."""
+        waker = None
         with self.queue_lock:
             expect = max(self.batch_sizes)
-            short = expect > 1 and len(self.queue) < expect
-        if short:
-            deadline = time.monotonic() + min(_GATHER_MAX_SECONDS, self.commit_seconds / 2)
-            while (left := deadline - time.monotonic()) > 0:
-                time.sleep(min(left, _GATHER_POLL_SECONDS))
-                with self.queue_lock:
-                    if len(self.queue) >= expect:
-                        break
+            if expect > 1 and len(self.queue) < expect:
+                waker = threading.Lock()
+                waker.acquire()
+                self.gatherer = (waker, expect)
+        if waker is not None:
+            waker.acquire(timeout=min(_GATHER_MAX_SECONDS, self.commit_seconds))
         with self.queue_lock:
+            self.gatherer = None
             batch, self.queue = self.queue, []
             self.batch = batch  # with the line above: no call in between
         self.batch_sizes = (self.batch_sizes[1], len(batch))
@@ -413,6 +425,17 @@ class _Env:
         m, at = self.metas, _TXNID_AT
         a, b = _TXNID.unpack_from(m, at)[0], _TXNID.unpack_from(m, self.psize + at)[0]
         return a if a > b else b
+
+    def used_by_meta(self) -> int:
+        """Bytes in use (``env.info()``'s ``last_pgno`` + 1 pages), read from
+        our map of the meta pages as ``last_txnid`` is: info() releases the
+        GIL, and every write asked it (zero_ahead), so a committing leader
+        gave the GIL to the writer threads preparing their next request and
+        waited to get it back (issue #13, 8 writer threads). The newest meta
+        page, picked as LMDB picks it (``mdb_env_pick_meta``)."""
+        m, at, ps = self.metas, _TXNID_AT, self.psize
+        newer = _TXNID.unpack_from(m, at)[0] < _TXNID.unpack_from(m, ps + at)[0]
+        return (_TXNID.unpack_from(m, ps * newer + _LAST_PG_AT)[0] + 1) * ps
 
     def check_not_writing(self) -> None:
         if self.writer == threading.get_ident():
@@ -567,12 +590,12 @@ class _Env:
         size; nothing is written when the disk has less than 16 chunks free,
         and any failure (a full disk) truncates the zeros away and stops
         zeroing for this process: it is only an optimization."""
-        info = self.env.info()
-        used = (int(info["last_pgno"]) + 1) * self.psize
+        used = self.used_by_meta()  # not env.info(): see used_by_meta
         self.check_readers(used)
         chunk = min(max(used // 16, _ZERO_MIN), _ZERO_MAX) // _PAGE * _PAGE
         if used + chunk // 2 <= self.zeroed_to:
             return
+        info = self.env.info()  # the map size: only when zeroing is due
         path = os.path.join(self.path, "data.mdb")
         if self.data_fd is None:
             self.data_fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
@@ -696,7 +719,6 @@ _POLL_SECONDS = 0.05  # waits re-check their condition (a wake-up may be lost to
 _ZERO_MIN = 256 << 10  # a small store stays small on disk
 _ZERO_MAX = 8 << 20
 _GATHER_MAX_SECONDS = 0.002
-_GATHER_POLL_SECONDS = 0.00005
 _GATE_POLL_SECONDS = 0.0005
 _HEADROOM_SKIPS = 15
 _READER_CHECK_GROWTH = 1 << 20
@@ -765,6 +787,10 @@ _REGISTRY_LOCK = threading.Lock()
 
 
 _FORK_WAIT_SECONDS = 5.0
+# This process's id, kept by _after_fork_child: the fast checks of every read
+# and write compare it with the id an environment was opened in, where
+# os.getpid() (a system call) took 3% of the GIL time of 8 writer threads.
+_PID = os.getpid()
 
 
 def _before_fork() -> None:
@@ -787,7 +813,8 @@ def _after_fork_parent() -> None:
 
 
 def _after_fork_child() -> None:
-    global _REGISTRY_LOCK
+    global _REGISTRY_LOCK, _PID
+    _PID = os.getpid()  # first: every environment now belongs to another process
     _REGISTRY_LOCK = threading.Lock()
     for env in _REGISTRY.values():
         # Locks may have been held by parent threads that do not exist here.
@@ -797,6 +824,7 @@ def _after_fork_child() -> None:
         env.queue = []
         env.leader = None
         env.batch = []
+        env.gatherer = None
         env.gate = _SharedExclusive()
 
 
@@ -921,7 +949,7 @@ class _ReadContext:
     def __enter__(self) -> _LMDBTxn:
         store = self._store
         env = self._env = store._env
-        if store._closed or env.stale or env.pid != os.getpid():
+        if store._closed or env.stale or env.pid != _PID:
             store._check_open()
         gate = env.gate
         held = gate.held_shared_by_me()
@@ -1199,6 +1227,9 @@ class LMDBStore:
             env.queue.append(req)
             if env.leader is None:
                 env.leader = req
+            elif (g := env.gatherer) is not None and len(env.queue) >= g[1]:
+                env.gatherer = None  # with the release: only one, of a lock held
+                g[0].release()  # the leader waits for no more (see gather)
         if env.leader is not req:
             # Until a leader has done our function, or made us lead.
             while not req.wake.acquire(timeout=_POLL_SECONDS):
@@ -1465,6 +1496,7 @@ _META = struct.Struct("<IIQQ" + "IHHQQQQQ" * 2 + "QQ")
 _META_AT = 16
 _TXNID = struct.Struct("<Q")
 _TXNID_AT = _META_AT + _META.size - _TXNID.size  # the last field: the transaction id
+_LAST_PG_AT = _TXNID_AT - _TXNID.size  # the field before it: the last page in use
 _META_MAGIC = 0xBEEFC0DE
 _META_VERSION = 1
 _NO_PAGE = (1 << 64) - 1  # P_INVALID: the root of an empty DB

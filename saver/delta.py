@@ -5,8 +5,10 @@ gains an element or two per step, yet a checkpointer that stores every new
 version whole stores an n-step conversation about n²/2 times. Here a new
 version that extends the version stored at its checkpoint's parent is stored
 as the appended part plus a reference to that version; every ``MAX_CHAIN``-th
-version of a chain is stored whole again, so a read joins at most
-``MAX_CHAIN`` pieces (one full copy and up to ``MAX_CHAIN - 1`` deltas).
+version of a chain is stored whole again, and every ``STRIDE``-th delta of
+a chain references the version ``STRIDE`` back instead of its parent's (a
+long step), so a read joins one full copy and at most ``STRIDE - 1 +
+(MAX_CHAIN - 1) // STRIDE`` deltas: 14 at K = 64, not 63.
 
 **Bytes, not objects.** ``JsonPlusSerializer`` makes msgpack with ormsgpack,
 and a msgpack array is its header (the element count) followed by its
@@ -26,10 +28,13 @@ know deltas fails loudly, besides refusing the store by its format version)
 followed by the msgpack array ``[ref, n, depth, digest, type, piece]``:
 
 - ``ref``: the base's channel version, in the same thread, namespace and
-  channel (the key of the base is the delta's key with this version);
+  channel (the key of the base is the delta's key with this version): the
+  version at the put's parent checkpoint, or for a long step the one
+  ``STRIDE`` versions further back on the same chain;
 - ``n``: the element count of the whole value;
-- ``depth``: 1 + the base's depth (a whole value has depth 0); a value whose
-  depth would reach ``MAX_CHAIN`` is stored whole;
+- ``depth``: 1 + the parent version's depth (a whole value has depth 0): the
+  versions since the chain's whole copy, whatever steps a read takes; a
+  value whose depth would reach ``MAX_CHAIN`` is stored whole;
 - ``digest``: 16 bytes naming the content: BLAKE2b of the base's digest and
   this piece (a whole base's digest is BLAKE2b of its stored record). It
   lets the in-process cache of rebuilt values recognize a record by its raw
@@ -53,6 +58,24 @@ bytes, rewrites whole any target-only blob whose chain goes through it
 with a different value. Forks share their base: two branches that extend the
 same version both reference it.
 
+**Long steps (issue #15).** A read that no cache helps (another process)
+walks the chain: per piece a record decoded, a key built, a zstd frame
+decompressed, ~15 µs in Python, 0.7 ms of a depth-47 chain once the
+messages' decode got cheaper (``saver/messages.py``). So the delta at a
+depth that is a multiple of ``STRIDE`` takes its base ``STRIDE`` versions
+back on its own chain (found by following its parent's refs, over one
+reverse scan of the channel's previous keys): its piece holds ``STRIDE``
+versions' elements, and a read of depth d joins ``d % STRIDE`` short steps
+and ``d // STRIDE`` long ones. The records are the same as before (a ref to
+an older version of the channel), so stores written before read as they
+are, kvsavers from before read these, and every delete and copy follows refs
+as it did. Measured on bench_long_chat.py's chat (bench/results/
+PROFILE15_READ.md): at 120 turns (depth 47) the cold rebuild 1.38 -> 0.78 ms;
+bytes on disk of one thread 1.258 -> 1.282 MB (+2%), of 3 x 120 turns
+0.0450x SqliteSaver's before and after.
+``STRIDE`` = 8 = sqrt(K) makes the most steps (7 + 7) fewest for the bytes
+(each block of 8 versions stores 15 versions' elements instead of 8).
+
 **Which serializers.** Deltas are made only when the innermost serializer is
 a ``JsonPlusSerializer`` (its msgpack layout is known); with any other the
 values are stored whole, as before. Reading needs only the outer layers.
@@ -73,7 +96,9 @@ the decode; 128 would save 1% of the store for twice the walk. Since format
 111 KB at 128; a cold rebuild 1.08 ms at depth 47 (K=64) and 1.76 ms at
 depth 111 (K=128), against 4-5 ms to decode the 240 messages. 128 would
 save ~3% of the 3 x 120 chat's store and add ~0.7 ms to a cold read, the
-read that is slowest against SqliteSaver (1.1-1.3x): K stays 64.
+read that is slowest against SqliteSaver (1.1-1.3x): K stays 64. With long
+steps a larger K would cost a cold read little (K = 128: at most 7 + 15
+steps), but the bytes target is met at 64 (0.045x of the 0.05x allowed).
 """
 
 from __future__ import annotations
@@ -100,6 +125,7 @@ __all__ = ["MARK", "MAX_CHAIN", "MIN_BYTES", "Codec", "base_key", "codec", "is_d
 
 MARK = b"\xd1"
 MAX_CHAIN = 64
+STRIDE = 8  # every STRIDE-th version of a chain extends the STRIDE-th before it
 MIN_BYTES = 512  # a smaller list is stored whole: a chain would save too little
 PIECE_THRESHOLD = 128  # pieces from here are compressed (zstd with its dictionary)
 CACHE_BYTES = 8 << 20
@@ -227,6 +253,7 @@ class Codec:
         self.inner = self.comp.serde if self.comp is not None else mid
         self.enabled = isinstance(self.inner, JsonPlusSerializer)
         self.max_chain = MAX_CHAIN
+        self.stride = STRIDE
         self.min_bytes = MIN_BYTES
         self.recent = _Recent(CACHE_BYTES)
         # (thread, ns, checkpoint id) -> channel_versions of checkpoints this
@@ -516,6 +543,14 @@ class Codec:
         assert p.plain is not None
         if base.depth + 1 >= self.max_chain:
             return None
+        depth = base.depth + 1
+        if self.stride > 1 and depth % self.stride == 0:
+            # A long step: on the version ``stride`` back, so a read of any
+            # version joins at most stride - 1 short steps and then
+            # max_chain / stride long ones ("Chains" in the module docstring).
+            jump = self._ancestor(txn, bkey, braw, depth - self.stride, get)
+            if jump is not None:
+                bkey, ref, base = jump
         new, old = header(p.plain), header(base.plain)
         if new is None or old is None or old[0] > new[0]:
             return None
@@ -535,10 +570,43 @@ class Codec:
         h.update(typ.encode())
         h.update(b"\x00")
         h.update(piece)
-        rec = DeltaRecord(ref, new[0], base.depth + 1, h.digest(), typ, piece)
+        rec = DeltaRecord(ref, new[0], depth, h.digest(), typ, piece)
         raw = encode(rec)
         self.recent.add(p.key, _Entry(raw, rec.digest, rec.depth, p.plain))
         return raw
+
+    def _ancestor(
+        self,
+        txn: Any,
+        key: bytes,
+        raw: bytes,
+        depth: int,
+        get: Callable[[bytes], bytes | None],
+    ) -> tuple[bytes, Any, _Entry] | None:
+        """The version at ``depth`` of the chain through ``key`` (a delta of
+        greater depth): its key, version and value, or None when the chain
+        does not pass through that depth (then the parent stays the base).
+        The versions between are the channel's previous keys: one reverse
+        scan reads them (one round trip on a network store)."""
+        steps = self.stride
+        below = dict(txn.scan(S.blob_channel_range(key)[0], key, reverse=True, limit=steps))
+        prefix = S.blob_prefix(key)
+        r: bytes | None = raw
+        for _ in range(steps):
+            if r is None or r[:1] != MARK:
+                return None
+            ref = decode(r).ref
+            k = prefix + S.version_element(ref)
+            r = below[k] if k in below else get(k)
+            if r is None:
+                return None
+            d = decode(r).depth if r[:1] == MARK else 0
+            if d < depth:
+                return None
+            if d == depth:
+                e = self._try_resolve(txn, k, r)
+                return (k, ref, e) if e is not None and e.depth == depth else None
+        return None
 
     def read_keys(
         self, thread: str, ns: str, parent_id: Any, pending: Iterable[Pending]

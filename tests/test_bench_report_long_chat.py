@@ -63,7 +63,19 @@ def test_suite_run_and_result_files(tmp_path: Path) -> None:
         "get_tuple latest, cold (fresh serializer), 3 x 120 turns": "**not met**",
         "put CPU, deltas on / every version whole (kv-whole), 3 x 120 turns": "**not met**",
         "bytes on disk vs SqliteSaver, 1 x 500 turns": "**not met**",
+        "get_tuple latest, warm, 1 x 500 turns": "**not met**",
+        "get_tuple latest, cold (fresh serializer), 1 x 500 turns": "**not met**",
     }
+
+
+def test_process_cpu_ratios_are_shown_beside_the_wall_time_ones(tmp_path: Path) -> None:
+    mark = _mark(0.04, 0.7, 0.75, 0.9)
+    mark["get_tuple_latest"]["cpu_ratio_vs_sqlite"] = {"sqlite": 1.0, "kv": 0.52, "kv cold": 0.66}
+    chat = {"threads": 3, "turns": 120, "K": 64, "marks": {"120": mark}}
+    (tmp_path / "long_chat.json").write_text(json.dumps(chat))
+    text = "\n".join(report.long_chat_section({}, str(tmp_path)))
+    assert "7.00 vs 10.00 ms; process CPU 0.52x" in text
+    assert "7.50 vs 10.00 ms; process CPU 0.66x" in text
 
 
 def test_without_a_suite_run_the_files_are_read(tmp_path: Path) -> None:

@@ -144,14 +144,44 @@ def test_decompressed_bytes_are_cached_by_the_compressed_bytes() -> None:
     assert counting.calls == 0  # dumps_typed filled the cache: the next read is a hit
     reader = CompressingSerializer(threshold=100)
     reader._decompressor = lambda: counting  # type: ignore[method-assign]
+    # A value read (not written) here is kept from its second read on.
     first, second = reader.loads_typed(typed), reader.loads_typed((typed[0], bytes(typed[1])))
-    assert first == second == value and counting.calls == 1
-    first["text"] = "changed by the caller"  # loaded objects are the caller's own
+    assert first == second == value and counting.calls == 2
+    third = reader.loads_typed(typed)
+    assert third == value and counting.calls == 2
+    third["text"] = "changed by the caller"  # loaded objects are the caller's own
     assert reader.loads_typed(typed) == value
     assert reader.loads_typed((typed[0], memoryview(typed[1]))) == value  # unhashable: no cache
     other = writer.dumps_typed({"text": words(3000, seed=1)})
     assert reader.loads_typed(other) == {"text": words(3000, seed=1)}
-    assert counting.calls == 3  # other bytes, another entry: never a stale value
+    assert reader.loads_typed(other) == {"text": words(3000, seed=1)}
+    assert counting.calls == 5  # other bytes, another entry: never a stale value
+
+
+@pytest.mark.parametrize("small", [False, True])
+def test_values_read_once_do_not_flush_the_cache(small: bool) -> None:
+    """A scan of history (list, other threads read once) keeps none of what
+    it decompressed: what a put wrote, and what is read again, stays."""
+    serde = CompressingSerializer(cache_bytes=256 << 10)
+    other_process = CompressingSerializer()
+    cache = serde._inflated_small if small else serde._inflated
+
+    def typed_of(writer: CompressingSerializer, i: int) -> tuple[str, bytes]:
+        value = {"i": i, "text": words(40 if small else 1200, seed=i)}
+        dumped = writer.serde.dumps_typed(value)
+        return writer.compress_small(*dumped) if small else writer.compress_typed(*dumped)
+
+    kept = typed_of(serde, 0)  # written here: kept at once
+    assert kept[0].endswith(C.DICT_SUFFIX if small else C.SUFFIX) and kept[1] in cache.items
+    again = typed_of(other_process, 1)
+    serde.loads_typed(again)
+    assert again[1] not in cache.items  # read once
+    size = cache.size
+    for i in range(2, 400):
+        serde.loads_typed(typed_of(other_process, i))  # each read once
+    assert cache.size == size and kept[1] in cache.items
+    serde.loads_typed(again)  # its second read: kept from now on
+    assert again[1] in cache.items
 
 
 @pytest.mark.parametrize("cache_bytes", [0, 64 << 10])

@@ -44,12 +44,14 @@ def _cfg(thread: str, cid: str | None = None) -> dict[str, Any]:
     return {"configurable": conf}
 
 
-def _small_chains(saver: KVSaver, k: int = 3) -> KVSaver:
+def _small_chains(saver: KVSaver, k: int = 3, stride: int = D.STRIDE) -> KVSaver:
     """Deltas on every list however small, and chains of at most ``k``: every
-    path (whole copy, delta, the K-th copy) is taken within a few steps."""
+    path (whole copy, delta, the K-th copy) is taken within a few steps; with
+    a ``stride`` under ``k``, long steps too."""
     codec = D.codec(saver.serde)
     codec.min_bytes = 1
     codec.max_chain = k
+    codec.stride = stride
     return saver
 
 
@@ -71,7 +73,8 @@ def _message(i: int, long: bool) -> Any:
 class Histories(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.kv = _small_chains(KVSaver(":memory:"))
+        # Depths 0-4: 1 and 3 on the version before, 2 and 4 long steps (stride 2).
+        self.kv = _small_chains(KVSaver(":memory:"), k=5, stride=2)
         self.mem = InMemorySaver()
         self.runs: dict[tuple[str, str], str] = {}  # (thread, cid) -> run id
         self.n = 0
@@ -162,6 +165,19 @@ class Histories(RuleBasedStateMachine):
                 new = cur + [list(f) for f in fresh]
         values[channel] = new
         self._put(thread, parent, values, {channel}, run=run)
+
+    @rule(
+        thread=st.sampled_from(THREADS),
+        back=st.integers(0, 2),
+        puts=st.integers(2, 6),
+        run=st.sampled_from(["r0", "r1", "r2"]),
+    )
+    def grow(self, thread: str, back: int, puts: int, run: str) -> None:
+        """Appends in a row, the first maybe on an older checkpoint: chains
+        deep enough for long steps and the K-th whole copy."""
+        for _ in range(puts):
+            self.step(thread, back, "messages", "append", 1, True, run)
+            back = 0
 
     @precondition(lambda self: any(self._cids(t) for t in THREADS))
     @rule(thread=st.sampled_from(THREADS), data=st.data())
@@ -297,20 +313,74 @@ def test_appends_are_stored_as_the_appended_bytes() -> None:
     codec = D.codec(saver.serde)
     with saver.store.read() as txn:
         items = list(txn.scan(*S.blobs_range("t")))
-        for (_, base_raw), (key, raw) in itertools.pairwise(items):
+        refs = []
+        for key, raw in items:
             if not D.is_delta(raw):
                 continue
             rec = D.decode(raw)
             whole = JsonPlusSerializer().dumps_typed(
                 saver.get_tuple(_cfg("t")).checkpoint["channel_values"]["messages"][: rec.n]
             )[1]
-            base = codec.resolve(txn, S.sibling_blob_key(key, rec.ref), base_raw)
+            base_key = S.sibling_blob_key(key, rec.ref)
+            refs.append(items.index((base_key, txn.get(base_key))))
+            base = codec.resolve(txn, base_key, txn.get(base_key))
             assert base is not None
             piece = codec.unwrap(rec.typ, rec.piece)[1]
             # new bytes = new header + old elements + appended elements
             head = D.header(base.plain)
             assert head is not None
             assert whole == D.make_header(rec.n) + base.plain[head[1] :] + piece
+    # On the version before, but every STRIDE-th on the STRIDE-th before (issue #15).
+    assert refs == [i - D.STRIDE if i % D.STRIDE == 0 else i - 1 for i in range(1, 20)]
+
+
+def _steps(txn: Any, key: bytes, raw: bytes) -> int:
+    """How many delta records a read of ``key`` joins."""
+    n = 0
+    while D.is_delta(raw):
+        key = D.base_key(key, raw)
+        raw, n = txn.get(key), n + 1
+    return n
+
+
+def test_a_read_joins_few_pieces_whatever_the_depth() -> None:
+    """Issue #15, a cold read: the version at depth d joins d % STRIDE short
+    steps and d // STRIDE long ones (at most 14 at K = 64, not 63)."""
+    saver = KVSaver(":memory:")
+    _chat(saver, "t", D.MAX_CHAIN + 3)
+    with saver.store.read() as txn:
+        items = list(txn.scan(*S.blobs_range("t")))
+        depths = [D.decode(raw).depth if D.is_delta(raw) else 0 for _, raw in items]
+        steps = [_steps(txn, key, raw) for key, raw in items]
+    assert depths == [*range(D.MAX_CHAIN), 0, 1, 2]
+    assert steps == [d % D.STRIDE + d // D.STRIDE for d in depths]
+    assert max(steps) == 14
+    # Every version reads back whole, through a fresh serializer too.
+    for saver_ in (saver, _fresh(saver)):
+        msgs = saver_.get_tuple(_cfg("t")).checkpoint["channel_values"]["messages"]
+        assert [m.id for m in msgs] == [f"m{i}" for i in range(D.MAX_CHAIN + 3)]
+
+
+def test_a_linear_chain_of_an_older_kvsaver_reads_and_grows_long_steps() -> None:
+    """A chain written before long steps (each version on the one before,
+    ``stride`` 1 writes exactly that) reads as it is, and puts that follow on
+    it take long steps over its records."""
+    saver = KVSaver(":memory:")
+    D.codec(saver.serde).stride = 1
+    last = _chat(saver, "t", 12)
+    with saver.store.read() as txn:
+        items = list(txn.scan(*S.blobs_range("t")))
+        assert [_steps(txn, k, r) for k, r in items] == list(range(12))
+    new = KVSaver(saver.store)  # another serializer: the current layout, no cache
+    _chat(new, "t", 6, start=12, parent=last)
+    with new.store.read() as txn:
+        items = list(txn.scan(*S.blobs_range("t")))
+        steps = [_steps(txn, k, r) for k, r in items]
+    # Depths 12-15 on the version before; 16 on depth 8 (8 old steps + 1), 17 on 16.
+    assert steps == [*range(16), 9, 10]
+    for s in (new, _fresh(new)):
+        ids = [t.checkpoint["channel_values"]["messages"][-1].id for t in s.list(_cfg("t"))]
+        assert ids == [f"m{i}" for i in reversed(range(18))]
 
 
 def test_reads_join_at_most_max_chain_pieces() -> None:
@@ -420,6 +490,25 @@ def test_prune_keeps_the_chain_of_the_latest_and_nothing_else() -> None:
     records = _records(saver, "t")
     assert len(records) == 3 and sorted(_kinds(saver, "t")) == [False, True, True]
     assert _fresh(saver).get_tuple(_cfg("t")).checkpoint == want
+
+
+def test_prune_and_copy_keep_the_long_steps_of_the_latest() -> None:
+    """The latest of 20 versions (depth 19) reads over 19, 18, 17, 16, 8 and
+    the whole 0: prune keeps exactly those, a copy reads the same."""
+    saver = KVSaver(":memory:")
+    _chat(saver, "t", 20)
+    want = saver.get_tuple(_cfg("t")).checkpoint
+    saver.prune(["t"])
+    with saver.store.read() as txn:
+        depths = sorted(
+            D.decode(v).depth if D.is_delta(v) else 0 for _, v in txn.scan(*S.blobs_range("t"))
+        )
+    assert depths == [0, 8, 16, 17, 18, 19]
+    saver.copy_thread("t", "u")
+    for s in (saver, _fresh(saver)):
+        assert s.get_tuple(_cfg("t")).checkpoint == want
+        got = s.get_tuple(_cfg("u")).checkpoint
+        assert got["channel_values"] == want["channel_values"]
 
 
 def test_forks_share_their_base() -> None:
@@ -561,7 +650,9 @@ def _chat_graph(saver: Any, thread: str, turns: int) -> Any:
 
 def _stored_types(saver: KVSaver) -> dict[str, list[str]]:
     """Serde types of every stored checkpoint, pending write of "messages",
-    delta piece and non-empty ``__start__`` blob."""
+    delta piece of one step (a long step's piece spans ``STRIDE`` versions:
+    from 2 KiB it is compressed as any value is, ".zst") and non-empty
+    ``__start__`` blob."""
     out: dict[str, list[str]] = {"checkpoint": [], "write": [], "piece": [], "start": []}
     with saver.store.read() as txn:
         for _, raw in txn.scan(*S.keyspace_range(S.CHECKPOINT)):
@@ -570,7 +661,7 @@ def _stored_types(saver: KVSaver) -> dict[str, list[str]]:
             if (w := S.decode_write(raw)).channel == "messages":
                 out["write"].append(w.value[0])
         for key, raw in txn.scan(*S.keyspace_range(S.BLOB)):
-            if D.is_delta(raw):
+            if D.is_delta(raw) and D.decode(raw).depth % D.STRIDE:
                 out["piece"].append(D.decode(raw).typ)
             elif b"__start__" in key and (typed := S.decode_blob(raw)) is not None:
                 out["start"].append(typed[0])

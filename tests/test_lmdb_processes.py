@@ -8,11 +8,14 @@ reaped: the parent waits with timeouts and kills whatever is left in finally.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
+import os
 import queue
 import random
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -313,21 +316,98 @@ def test_a_read_does_not_call_env_info(tmp_path: Path) -> None:
     store = LMDBStore(str(tmp_path / "s"))
     with store.write() as txn:
         txn.put(b"k", b"v")
+    with _without_env_info(store, "in a read"):
+        with store.read() as txn:
+            assert txn.get(b"k") == b"v"
+    store.close()
+
+
+@contextlib.contextmanager
+def _without_env_info(store: LMDBStore, where: str) -> Iterator[None]:
+    """``store``'s environment, with ``info()`` failing the test."""
     real = store._env.env
 
     class NoInfo:
         def info(self) -> None:
-            raise AssertionError("env.info() in a read")
+            raise AssertionError(f"env.info() {where}")
 
         def __getattr__(self, name: str) -> Any:
             return getattr(real, name)
 
     store._env.env = NoInfo()
     try:
-        with store.read() as txn:
-            assert txn.get(b"k") == b"v"
+        yield
     finally:
         store._env.env = real
+
+
+def test_used_by_meta_is_lmdbs_last_page(tmp_path: Path) -> None:
+    """_Env.used_by_meta reads the pages in use from the meta pages (every
+    write asked env.info(), which releases the GIL; issue #13, 8 writer
+    threads); it must agree with LMDB, in this process and after another's
+    commit, as the store grows."""
+    path = str(tmp_path / "s")
+    store = LMDBStore(path)
+    env = store._env
+
+    def lmdb_says() -> int:
+        return (int(env.env.info()["last_pgno"]) + 1) * env.psize
+
+    assert env.used_by_meta() == lmdb_says()
+    for i in range(40):
+        with store.write() as txn:
+            txn.put(b"k%03d" % i, bytes(3000))  # about a page each: the file grows
+        assert env.used_by_meta() == lmdb_says()
+    assert env.used_by_meta() > 40 * 3000
+    other = CTX.Process(target=_commit_one, args=(path,))
+    other.start()
+    other.join(START_TIMEOUT)
+    assert other.exitcode == 0
+    assert env.used_by_meta() == lmdb_says()
+    store.close()
+
+
+def test_a_write_does_not_call_env_info(tmp_path: Path) -> None:
+    """A write transaction's zero-ahead check asked env.info() for the pages
+    in use at every write; info() releases the GIL, so a group-commit leader
+    gave it to the writer threads preparing their next request and waited to
+    get it back (issue #13). Now only when zeroing (or the headroom check,
+    one write in 16) is due."""
+    store = LMDBStore(str(tmp_path / "s"))
+    with store.write() as txn:  # zeroes ahead, and leaves headroom checks off a while
+        txn.put(b"k", b"v")
+    with _without_env_info(store, "in a write"):
+        with store.write() as txn:
+            txn.put(b"k", b"w")
+        store.transact(lambda txn: txn.put(b"j", b"x"))
+    with store.read() as txn:
+        assert (txn.get(b"k"), txn.get(b"j")) == (b"w", b"x")
+    store.close()
+
+
+def test_reads_and_writes_do_not_call_getpid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fork check of every read and write compared the environment's
+    process id with os.getpid(), a system call: 3% of the GIL time of 8
+    writer threads (issue #13). The id is kept by the after-fork hook, which
+    the fork tests here check works."""
+    store = LMDBStore(str(tmp_path / "s"))
+    with store.write() as txn:
+        txn.put(b"k", b"v")
+
+    def getpid() -> int:
+        raise AssertionError("os.getpid() in a read or a write")
+
+    monkeypatch.setattr(os, "getpid", getpid)
+    with store.read() as txn:
+        assert txn.get(b"k") == b"v"
+    with store.write() as txn:
+        txn.put(b"k", b"w")
+    store.transact(lambda txn: txn.put(b"j", b"x"))
+    monkeypatch.undo()
+    with store.read() as txn:
+        assert (txn.get(b"k"), txn.get(b"j")) == (b"w", b"x")
     store.close()
 
 

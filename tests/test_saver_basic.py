@@ -693,5 +693,6 @@ def test_fast_key_builders_equal_the_schema_tuples(
             (S.CHECKPOINT, S.k(thread), S.k(ns), S.k(checkpoint_id))
         )
         assert S._str_key_element(channel) == pack((S.k(channel),))
-    S._SUFFIX_CACHE.clear()
+    S._CHANNEL_ELEMENTS.clear()
+    S._VERSION_ELEMENTS.clear()
     S._TN_CACHE.clear()
