@@ -515,7 +515,7 @@ class Codec:
         base = self._try_resolve(txn, bkey, braw)
         if base is None:
             return None
-        return self._make_delta(p, bkey, ref, base)
+        return self._make_delta(p, bkey, ref, base, (txn, braw, get))
 
     def _speculate(
         self, thread: str, ns: str, parent_id: Any, ch: str, key: bytes, plain: bytes
@@ -538,13 +538,26 @@ class Codec:
         raw = self._make_delta(Pending(ch, key, None, plain), bkey, ref, base)
         return None if raw is None else (bkey, base.raw, raw)
 
-    def _make_delta(self, p: Pending, bkey: bytes, ref: Any, base: _Entry) -> bytes | None:
-        """The delta record of ``p`` on ``base``, the value at ``bkey``, or None."""
+    def _make_delta(
+        self,
+        p: Pending,
+        bkey: bytes,
+        ref: Any,
+        base: _Entry,
+        store: tuple[Any, bytes, Callable[[bytes], bytes | None]] | None = None,
+    ) -> bytes | None:
+        """The delta record of ``p`` on ``base``, the value at ``bkey``, or
+        None. ``store``: (txn, the base's stored record, get) in the
+        transaction; without it (``_speculate``) a long step, whose base is
+        read from the store, is left to the transaction (None)."""
         assert p.plain is not None
         if base.depth + 1 >= self.max_chain:
             return None
         depth = base.depth + 1
         if self.stride > 1 and depth % self.stride == 0:
+            if store is None:
+                return None
+            txn, braw, get = store
             # A long step: on the version ``stride`` back, so a read of any
             # version joins at most stride - 1 short steps and then
             # max_chain / stride long ones ("Chains" in the module docstring).

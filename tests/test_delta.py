@@ -747,8 +747,10 @@ def test_a_put_makes_its_delta_before_the_transaction_from_its_own_cache() -> No
     """Issue #13: the delta of a list that extends the version this process
     put at the parent checkpoint is made before the transaction, from the
     codec's cache (so its zstd call is not made inside the transaction), and
-    it is the same record, byte for byte, as the one made in the transaction."""
-    lists = [[_message(j, True) for j in range(i + 2)] for i in range(12)]
+    it is the same record, byte for byte, as the one made in the transaction.
+    A long step (every STRIDE-th depth: its base is read from the store) is
+    still made in the transaction."""
+    lists = [[_message(j, True) for j in range(i + 2)] for i in range(20)]
     ahead, inside = KVSaver(":memory:"), KVSaver(":memory:")
     D.codec(inside.serde)._speculate = lambda *a: None  # type: ignore[method-assign]
     made_ahead, made_inside = _counting_deltas(ahead), _counting_deltas(inside)
@@ -757,8 +759,9 @@ def test_a_put_makes_its_delta_before_the_transaction_from_its_own_cache() -> No
     with ahead.store.read() as a, inside.store.read() as b:
         blobs = list(a.scan(*S.keyspace_range(S.BLOB)))
         assert blobs == list(b.scan(*S.keyspace_range(S.BLOB)))
-    assert sum(D.is_delta(raw) for _, raw in blobs) >= 10
-    assert made_ahead[0] == 0 and made_inside[0] >= 10
+    assert sum(D.is_delta(raw) for _, raw in blobs) >= 18
+    long_steps = made_inside[0] // D.STRIDE
+    assert made_inside[0] >= 18 and made_ahead[0] == long_steps >= 1
     for i, msgs in enumerate(lists):
         got = _fresh(ahead).get_tuple(_cfg("t", f"{i:012}"))
         assert got is not None and got.checkpoint["channel_values"]["messages"] == msgs
