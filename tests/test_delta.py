@@ -731,3 +731,33 @@ def test_a_version_without_a_value_stores_no_record() -> None:
         if isinstance(s, KVSaver):
             with s.store.read() as txn:
                 assert list(txn.scan(*S.blobs_range("u"))) == []
+
+
+def test_a_closed_saver_leaves_no_codec_or_serializer_behind() -> None:
+    """Each serializer carries its codec: a codecs-by-serializer dictionary
+    kept every codec (which refers to its serializer, and so kept it too)
+    with its caches alive after the saver was gone."""
+    import copy
+    import gc
+    import weakref
+
+    gone = []
+    for i in range(5):
+        saver = KVSaver(":memory:")
+        cfg = {"configurable": {"thread_id": f"t{i}", "checkpoint_ns": ""}}
+        chk = empty_checkpoint()
+        chk["channel_values"] = {"m": ["x" * 600]}
+        chk["channel_versions"] = {"m": saver.get_next_version(None, None)}
+        saver.put(cfg, chk, {}, chk["channel_versions"])
+        assert saver.get_tuple(cfg) is not None
+        assert D.codec(saver.serde) is D.codec(saver.serde)
+        assert D.codec(copy.copy(saver.serde)).serde is not saver.serde  # its own
+        gone.append(weakref.ref(saver.serde))
+        saver.close()
+        del saver
+    gc.collect()
+    assert [r() for r in gone] == [None] * 5
+    plain = JsonPlusSerializer()
+    twin = copy.deepcopy(plain)  # a deep copy (or a pickle) carries no codec
+    assert D.codec(plain) is not D.codec(twin) and D.codec(twin).serde is twin
+    assert copy.deepcopy(plain).__dict__.get("_kvsaver_codec") is None
