@@ -579,14 +579,36 @@ def test_put_over_a_stored_version_keeps_the_others() -> None:
     assert first
 
 
-def test_an_unhashable_serializer_still_works() -> None:
-    """``delta.codec`` keeps one codec per serializer object in a weak
-    dictionary; one that cannot be a key gets values stored whole."""
+def test_an_unhashable_serializer_gets_deltas_and_one_without_attributes_works() -> None:
+    """``delta.codec`` keeps a serializer's codec on the serializer object:
+    an unhashable one gets deltas like any other; one that takes no
+    attributes (``__slots__``) has no cache to find a base in, and its
+    values are stored whole."""
 
     class Unhashable(EncryptedSerializer):
         __hash__ = None  # type: ignore[assignment]
 
     saver = KVSaver(":memory:", serde=Unhashable(_Xor()))
+    _chat(saver, "t", 6)
+    assert any(_kinds(saver, "t"))
+    msgs = saver.get_tuple(_cfg("t")).checkpoint["channel_values"]["messages"]
+    assert [m.id for m in msgs] == [f"m{i}" for i in range(6)]
+
+    class Slotted:  # no base class: no __dict__
+        __slots__ = ("inner",)
+
+        def __init__(self) -> None:
+            self.inner = JsonPlusSerializer()
+
+        def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+            return self.inner.dumps_typed(obj)
+
+        def loads_typed(self, data: tuple[str, bytes]) -> Any:
+            return self.inner.loads_typed(data)
+
+    serde = Slotted()
+    assert D.codec(serde).enabled is False and D.codec(serde) is not D.codec(serde)
+    saver = KVSaver(":memory:", serde=serde)
     _chat(saver, "t", 6)
     assert not any(_kinds(saver, "t"))
     msgs = saver.get_tuple(_cfg("t")).checkpoint["channel_values"]["messages"]
