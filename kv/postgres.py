@@ -676,8 +676,12 @@ class _PGTxn:
         try:
             if implicit and len(pre) == 1:  # one statement: no pipeline needed
                 self._xid.cur = self._conn.cursor()
-                # Prepared (planned once per connection, as PostgresSaver's
-                # statements are); only here, outside any pipeline.
+                # Prepared (parsed and planned once per connection, as
+                # PostgresSaver's statements are): planning this statement
+                # took ~150 us of the server's time at every put (issue #14,
+                # pg_stat_statements). The first execution on a connection
+                # costs one more round trip (PREPARE); later ones, in a
+                # pipeline too, use the prepared name.
                 self._xid.cur.execute(*pre[0], prepare=True)
                 self._xid.rows = self._xid.cur.fetchall()
                 return
@@ -950,6 +954,10 @@ class PostgresStore:
             of committed values and verifies them in the round trip that
             commits (a put in one round trip; see ``transact``). False: every
             read goes to the server.
+        prepare: a write-only transaction's one statement is a server-side
+            prepared statement (planned once per connection). False where
+            sessions are shared between clients (PgBouncer in transaction
+            mode), where a prepared statement would not be found again.
         pool_options: more ``psycopg_pool.ConnectionPool`` keyword arguments.
     """
 
@@ -969,6 +977,7 @@ class PostgresStore:
         pool_timeout: float = 30.0,
         retries: int = 10,
         speculate: bool = True,
+        prepare: bool = True,
         pool_options: dict[str, Any] | None = None,
     ) -> None:
         _psycopg()
@@ -978,6 +987,7 @@ class PostgresStore:
         self.table = table
         self.retries = retries
         self.speculate = speculate
+        self.prepare = prepare
         self._q = _Queries(table)
         self._begin_write = "BEGIN ISOLATION LEVEL SERIALIZABLE"
         self._begin_read = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
@@ -1082,9 +1092,12 @@ class PostgresStore:
             raise _translate(e, "connect") from e
         if not conn.autocommit:
             conn.autocommit = True  # transactions are explicit BEGIN ... COMMIT
-        # No server-side prepared statements: after an error inside a pipeline
-        # psycopg's cache can name a statement whose PREPARE was skipped.
-        conn.prepare_threshold = None
+        # Server-side prepared statements only where asked for (prepare=True,
+        # outside any pipeline: after an error inside a pipeline psycopg's
+        # cache could name a statement whose PREPARE was skipped), never by
+        # psycopg's execution count. With prepare=False (PgBouncer in
+        # transaction mode), none at all.
+        conn.prepare_threshold = _ONLY_ASKED if self.prepare else None
         if conn not in self._adapted:  # our arrays go as they are (_bytea_array)
             _register_arrays(conn)
             self._adapted.add(conn)
@@ -1416,6 +1429,7 @@ class PostgresStore:
 
 
 _XID = "SELECT txid_current()"
+_ONLY_ASKED = 1 << 30  # a prepare_threshold no count reaches: prepare only when asked
 
 
 def _retryable(error: BaseException, txn: _PGTxn) -> bool:

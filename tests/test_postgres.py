@@ -72,6 +72,7 @@ class TracedPool:
 
     def __init__(self, url: str) -> None:
         self.trace = tempfile.TemporaryFile()
+        self.parses = 0  # Parse messages the last count() saw (0: prepared statements)
 
         def configure(conn: psycopg.Connection) -> None:
             conn.pgconn.trace(self.trace.fileno())
@@ -100,6 +101,7 @@ class TracedPool:
             elif ln.startswith("B\t"):
                 run = False
         queries = sum(1 for ln in lines if ln.startswith("F\t") and "\tExecute" in ln)
+        self.parses = sum(1 for ln in lines if ln.startswith("F\t") and "\tParse" in ln)
         return waits, queries
 
     def close(self) -> None:
@@ -170,13 +172,25 @@ def test_round_trips_per_operation(postgres_url: str, table: str) -> None:
             )
         )
         try:
+            # Warm-up: the first put reads from the server (nothing cached to
+            # guess from), the second prepares the statement on the pool's one
+            # connection (one more round trip, once per connection).
             own.put(config("t", "", "0020"), make_checkpoint("0021", {}, {}), {}, {})
-            put = traced.count(
+            first = traced.count(
                 lambda: own.put(config("t", "", "0021"), make_checkpoint("0022", {}, {}), {}, {})
             )
-            writes = traced.count(lambda: own.put_writes(config("t", "", "0022"), [("a", 1)], "t3"))
-            print("own pool: put, put_writes:", put, writes)
+            put = traced.count(
+                lambda: own.put(config("t", "", "0022"), make_checkpoint("0023", {}, {}), {}, {})
+            )
+            writes = traced.count(lambda: own.put_writes(config("t", "", "0023"), [("a", 1)], "t3"))
+            print("own pool: first put, put, put_writes:", first, put, writes)
+            assert first == (2, 1)  # PREPARE, then the statement
             assert put == (1, 1) and writes == (1, 1)
+            # Prepared: executed by name, not parsed (and planned) again.
+            traced.count(
+                lambda: own.put(config("t", "", "0023"), make_checkpoint("0024", {}, {}), {}, {})
+            )
+            assert traced.parses == 0
         finally:
             own.store.close()  # a passed-in store is not closed by the saver
     finally:
