@@ -189,23 +189,30 @@ class _Queries:
         # condition reads the table. One index lookup per key (a correlated
         # subquery: a join could be planned as a scan of the whole table,
         # slow and, under SERIALIZABLE, a lock on all of it).
-        check = sql.SQL(
+        check = (
             "1 / (NOT EXISTS (SELECT 1 FROM unnest(%b::bytea[], %b::bytea[], %b::bool[]) "
             "AS a(k, v, h) WHERE (SELECT CASE WHEN a.h THEN sha256(t.value) ELSE t.value END "
             "FROM {} AS t WHERE t.key = a.k) IS DISTINCT FROM a.v))::int"
-        ).format(t)
-        self.guard = sql.SQL("SELECT ") + check
+        )
+        self.guard = sql.SQL("SELECT " + check).format(t)
         # A write-only transaction's one statement (with BEGIN and COMMIT
         # around it: fewer statements, fewer packets and wake-ups): its id,
         # the guard, then the upserts and deletes, which run only when the
         # guard passed (one snapshot: the guard sees the table before them).
-        self.write_all = sql.SQL(
-            "WITH g AS MATERIALIZED (SELECT txid_current() AS xid, {} AS ok), "
+        write_all = (
+            "WITH g AS MATERIALIZED (SELECT txid_current() AS xid, " + check + " AS ok), "
             "u AS (INSERT INTO {} (key, value) SELECT * FROM unnest(%b::bytea[], %b::bytea[]) "
             "WHERE (SELECT ok FROM g) = 1 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value), "
             "d AS (DELETE FROM {} WHERE key = ANY(%b::bytea[]) AND (SELECT ok FROM g) = 1) "
             "SELECT xid FROM g"
-        ).format(check, t, t)
+        )
+        self.write_all = sql.SQL(write_all).format(t, t, t)
+        # The same statement with numbered parameters, for a server-side
+        # prepared statement of our own (see _PGTxn._exec_prepared); its name
+        # is the table's, so stores of one table on one pool share it.
+        self.write_all_numbered = sql.SQL(_numbered(write_all)).format(t, t, t)
+        digest = hashlib.sha1(table.encode()).hexdigest()[:16]
+        self.write_all_name = f"kvsaver_w_{digest}_{FORMAT_VERSION}".encode()
         self.create = sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (key bytea PRIMARY KEY, value bytea NOT NULL)"
         ).format(t)
@@ -219,7 +226,15 @@ class _Queries:
         a ``Composed`` again at every execute)."""
         if self._rendered:
             return
-        for name in ("get", "get_many", "upsert", "delete_many", "guard", "write_all"):
+        for name in (
+            "get",
+            "get_many",
+            "upsert",
+            "delete_many",
+            "guard",
+            "write_all",
+            "write_all_numbered",
+        ):
             q = getattr(self, name)
             if not isinstance(q, bytes):  # two threads may render at once: the same bytes
                 setattr(self, name, q.as_bytes(conn))
@@ -254,6 +269,19 @@ class _Queries:
             )
             self._deletes[(has_start, has_stop)] = q
         return q
+
+
+def _numbered(template: str) -> str:
+    """``%b`` placeholders as ``$1``, ``$2``, ... (a template of our own:
+    identifiers are still ``{}`` fields, so no ``%b`` can come from a name)."""
+    parts = template.split("%b")
+    return "".join(f"{p}${i}" for i, p in enumerate(parts[:-1], 1)) + parts[-1]
+
+
+# Connections on which a statement of ours is prepared (by name): module-wide,
+# since stores of one table on one pool share the statement's name.
+_PREPARED: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictionary()
+_PREPARED_LOCK = threading.Lock()
 
 
 _BIG = object()  # a key whose value is too long to cache: never guessed
@@ -675,14 +703,11 @@ class _PGTxn:
         self._store._round_trips += 1
         try:
             if implicit and len(pre) == 1:  # one statement: no pipeline needed
+                if self._store.prepare and pre[0][0] is self._q.write_all:
+                    self._xid.rows = self._exec_prepared(pre[0][1])
+                    return
                 self._xid.cur = self._conn.cursor()
-                # Prepared (parsed and planned once per connection, as
-                # PostgresSaver's statements are): planning this statement
-                # took ~150 us of the server's time at every put (issue #14,
-                # pg_stat_statements). The first execution on a connection
-                # costs one more round trip (PREPARE); later ones, in a
-                # pipeline too, use the prepared name.
-                self._xid.cur.execute(*pre[0], prepare=True)
+                self._xid.cur.execute(*pre[0])
                 self._xid.rows = self._xid.cur.fetchall()
                 return
             with self._conn.pipeline():
@@ -725,6 +750,44 @@ class _PGTxn:
             raise self.failed from e
         finally:
             self._dirty.clear()
+
+    def _exec_prepared(self, params: Sequence[Any]) -> list[tuple[int]]:
+        """The write-only statement as a server-side prepared statement of
+        our own, parsed and planned once per connection as PostgresSaver's
+        statements are (planning it took ~150 us of the server's time at
+        every put and put_writes: issue #14, pg_stat_statements). The first
+        use on a connection costs one more round trip (Parse). A statement
+        the server no longer has (a pool's reset, DEALLOCATE ALL) is
+        prepared again: it failed before running, so nothing is applied
+        twice. The rows: the transaction's id."""
+        from psycopg import errors, pq
+        from psycopg.generators import execute
+
+        q = self._q
+        conn = self._conn
+        pgconn = conn.pgconn
+        values = [bytes(p) for p in params]
+        formats = [1] * len(values)
+        with conn.lock:
+            for attempt in (0, 1):
+                with _PREPARED_LOCK:
+                    names = _PREPARED.setdefault(conn, set())
+                if q.write_all_name not in names:
+                    pgconn.send_prepare(q.write_all_name, q.write_all_numbered)
+                    (res,) = conn.wait(execute(pgconn))
+                    if res.status != pq.ExecStatus.COMMAND_OK:
+                        raise errors.error_from_result(res, encoding=conn.info.encoding)
+                    names.add(q.write_all_name)
+                pgconn.send_query_prepared(q.write_all_name, values, formats, 0)
+                (res,) = conn.wait(execute(pgconn))
+                if res.status == pq.ExecStatus.TUPLES_OK:
+                    return [(int(res.get_value(0, 0) or b"0"),)]
+                error = errors.error_from_result(res, encoding=conn.info.encoding)
+                if attempt == 0 and isinstance(error, errors.InvalidSqlStatementName):
+                    names.discard(q.write_all_name)
+                    continue
+                raise error
+        raise AssertionError("unreachable")
 
     def _rollback_quietly(self) -> None:
         try:
@@ -1092,12 +1155,11 @@ class PostgresStore:
             raise _translate(e, "connect") from e
         if not conn.autocommit:
             conn.autocommit = True  # transactions are explicit BEGIN ... COMMIT
-        # Server-side prepared statements only where asked for (prepare=True,
-        # outside any pipeline: after an error inside a pipeline psycopg's
-        # cache could name a statement whose PREPARE was skipped), never by
-        # psycopg's execution count. With prepare=False (PgBouncer in
-        # transaction mode), none at all.
-        conn.prepare_threshold = _ONLY_ASKED if self.prepare else None
+        # No prepared statements of psycopg's: its cache can name a statement
+        # the server no longer has (a ROLLBACK's result makes it queue a
+        # DEALLOCATE ALL, sent after the next statement it prepares). The
+        # one statement worth preparing is prepared by _exec_prepared.
+        conn.prepare_threshold = None
         if conn not in self._adapted:  # our arrays go as they are (_bytea_array)
             _register_arrays(conn)
             self._adapted.add(conn)
@@ -1429,7 +1491,6 @@ class PostgresStore:
 
 
 _XID = "SELECT txid_current()"
-_ONLY_ASKED = 1 << 30  # a prepare_threshold no count reaches: prepare only when asked
 
 
 def _retryable(error: BaseException, txn: _PGTxn) -> bool:

@@ -193,12 +193,71 @@ def test_round_trips_per_operation(postgres_url: str, table: str) -> None:
             assert traced.parses == 0
         finally:
             own.store.close()  # a passed-in store is not closed by the saver
+        # prepare=False (PgBouncer in transaction mode): parsed every time, still 1.
+        plain = KVSaver(
+            PostgresStore(
+                postgres_url,
+                table=table,
+                max_size=1,
+                prepare=False,
+                pool_options={"configure": traced.configure},
+            )
+        )
+        try:
+            plain.put(config("t", "", "0024"), make_checkpoint("0025", {}, {}), {}, {})
+            put = traced.count(
+                lambda: plain.put(config("t", "", "0025"), make_checkpoint("0026", {}, {}), {}, {})
+            )
+            assert put == (1, 1) and traced.parses == 1
+        finally:
+            plain.store.close()
     finally:
         # The stores first: a read's connection lingering in one of them would
         # outlive the pool and write its trace into a closed, reused descriptor.
         for one in (saver, other):
             one.store.close()
         traced.close()
+
+
+def test_the_prepared_write_outlives_reads_rollbacks_and_deallocate(
+    postgres_url: str, table: str
+) -> None:
+    """The write-only statement is prepared once per connection; reads whose
+    deferred ROLLBACK rides with the next write or is sent by the reaper, a
+    rolled-back write, and a
+    DEALLOCATE ALL from elsewhere (a pool's reset) never leave a put naming
+    a statement the server no longer has. (With psycopg's own prepared
+    statements, a ROLLBACK result queued a DEALLOCATE ALL that it sent just
+    after preparing the next statement: "prepared statement does not exist".)"""
+    from kvsaver.kv.postgres import _LINGER
+
+    store = PostgresStore(postgres_url, table=table, max_size=1)  # one connection
+    saver = KVSaver(store)
+    try:
+        parent = None
+        for i in range(8):
+            cid = f"{i:04d}"
+            versions = {"messages": i + 1}
+            saver.put(
+                config("t", "", parent), make_checkpoint(cid, {"messages": [i]}, versions), {},
+                versions,
+            )  # fmt: skip
+            saver.put_writes(config("t", "", cid), [("a", i)], "task")
+            assert saver.get_tuple(config("t")).checkpoint["id"] == cid  # a read lingers
+            if i == 2:  # the reaper rolls the read back, on the connection
+                time.sleep(3 * _LINGER)
+            if i == 3:
+                with pytest.raises(ValueError):
+                    store.transact(lambda txn: (txn.put(b"x", b"1"), int("not a number")))
+            if i == 5:
+                with store._pool.connection() as conn:  # behind psycopg's back
+                    assert conn.pgconn.exec_(b"DEALLOCATE ALL").status == pq.ExecStatus.COMMAND_OK
+            parent = cid
+        assert [c.checkpoint["id"] for c in saver.list(config("t"))] == [
+            f"{i:04d}" for i in reversed(range(8))
+        ]
+    finally:
+        store.close()
 
 
 def test_a_deferred_rollback_never_outlives_the_linger_time(postgres_url: str, table: str) -> None:
