@@ -481,7 +481,7 @@ class _PGTxn:
         self._store = store
         self._q = store._q
         self._conn = conn
-        self._cur = conn.cursor(binary=True)
+        self._cursor: Any = None  # made on first use (a write-only put needs none)
         self._write = write
         self._begin = store._begin_write if write else store._begin_read
         self._begun = False
@@ -505,6 +505,13 @@ class _PGTxn:
         self._assumed: dict[bytes, bytes | None] = {}  # not yet in a guard
         self.assumed_keys: list[bytes] = []
         self._ranges: list[tuple[bytes | None, bytes | None]] = []  # delete_range calls
+
+    @property
+    def _cur(self) -> Any:
+        cur = self._cursor
+        if cur is None:
+            cur = self._cursor = self._conn.cursor(binary=True)
+        return cur
 
     # -- statements -------------------------------------------------------------
     def _run(self, query: Any, params: Sequence[Any] | None) -> Any:
@@ -1192,7 +1199,7 @@ class PostgresStore:
             txn.lost = True
             return False
         txn._conn = conn
-        txn._cur = conn.cursor(binary=True)
+        txn._cursor = None  # the next statement makes one on the new connection
         txn._pre_rollback = False  # a fresh connection has no snapshot to end
         return True
 
