@@ -29,8 +29,11 @@ Round trips (what a network costs; counted by tests/test_postgres.py)
     Writes are buffered in the transaction and sent as one statement
     (``INSERT ... SELECT unnest(...) ON CONFLICT DO UPDATE``, plus one
     ``DELETE ... = ANY(...)``), pipelined with ``COMMIT`` or with the next read
-    that must go to the server. ``BEGIN`` is pipelined with the first
-    statement; a read's ``ROLLBACK`` is deferred to the first round trip of
+    that must go to the server. A write-only transaction (a speculated put or
+    put_writes) is one statement, a server-side prepared statement of ours
+    (``_exec_prepared``: parsed and planned once per connection, not through
+    psycopg's cache; ``prepare=False`` parses it every time). ``BEGIN`` is
+    pipelined with the first statement; a read's ``ROLLBACK`` is deferred to the first round trip of
     the connection's next transaction (or sent by a reaper thread after
     ``_LINGER`` seconds, so no session stays idle in a transaction for long).
     A scan's first chunk is queued and sent with the next round trip (so a
