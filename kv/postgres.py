@@ -33,8 +33,9 @@ Round trips (what a network costs; counted by tests/test_postgres.py)
     put_writes) is one statement, a server-side prepared statement of ours
     (``_exec_prepared``: parsed and planned once per connection, not through
     psycopg's cache; ``prepare=False`` parses it every time). ``BEGIN`` is
-    pipelined with the first statement; a read's ``ROLLBACK`` is deferred to the first round trip of
-    the connection's next transaction (or sent by a reaper thread after
+    pipelined with the first statement; a read's ``ROLLBACK`` is deferred to
+    the first round trip of the connection's next transaction (or sent by a
+    reaper thread after
     ``_LINGER`` seconds, so no session stays idle in a transaction for long).
     A scan's first chunk is queued and sent with the next round trip (so a
     scan followed by ``get_many`` costs one). Point reads are remembered for
