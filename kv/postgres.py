@@ -35,8 +35,8 @@ Round trips (what a network costs; counted by tests/test_postgres.py)
     psycopg's cache; ``prepare=False`` parses it every time). ``BEGIN`` is
     pipelined with the first statement; a read's ``ROLLBACK`` is deferred to
     the first round trip of the connection's next transaction (or sent by a
-    reaper thread after
-    ``_LINGER`` seconds, so no session stays idle in a transaction for long).
+    reaper thread after ``_LINGER`` seconds, so no session stays idle in a
+    transaction for long).
     A scan's first chunk is queued and sent with the next round trip (so a
     scan followed by ``get_many`` costs one). Point reads are remembered for
     the rest of the transaction
