@@ -806,8 +806,8 @@ def _copy_sqlite(
                 raise KeyboardInterrupt()
 
         if saver is None:
-            with nullcontext(_NoDest()) as txn:
-                batch(txn)
+            with nullcontext(_NoDest()) as nothing:
+                batch(nothing)
         elif dry_run:
             with saver.store.read() as txn:
                 batch(txn)
