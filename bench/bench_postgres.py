@@ -18,6 +18,11 @@ a change in the machine's load hits both alike; medians of per-round medians):
 
 Targets (the issue): put, get_tuple, list, graph <= 1.0x PostgresSaver; bytes <= 0.3x.
 
+KVSAVER_BENCH_PG_AB=1 adds a third saver to the paired rounds: KVSaver with
+``PostgresStore(..., prepare=False)``, whose write statement is parsed and
+planned at every put and put_writes, as it was before it was prepared (an
+A/B of that change in the same run, ratios to PostgresSaver alike).
+
 The server: a throwaway cluster started here with PostgreSQL's default
 durability (fsync and synchronous_commit on: a commit is a WAL flush, as in
 production), or the one named by KVSAVER_BENCH_PG_URL. Skipped, with the
@@ -49,6 +54,9 @@ GRAPH_THREADS = 3
 CHAT_INVOKES = 60
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "postgres.json")
 PG_TABLES = ["checkpoints", "checkpoint_blobs", "checkpoint_writes", "checkpoint_migrations"]
+# KVSAVER_BENCH_PG_AB=1: also KVSaver without its prepared write statement (A/B)
+AB = os.environ.get("KVSAVER_BENCH_PG_AB") == "1"
+UNPREPARED = "KVSaver(prepare=False)"
 
 
 @pytest.fixture(scope="module")
@@ -82,19 +90,32 @@ def _database(url: str, name: str) -> str:
     return base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
 
 
-def _savers(url: str) -> dict[str, Any]:
+def _savers(url: str, ab: bool = False) -> dict[str, Any]:
+    """The two savers; ``ab``: also KVSaver with ``prepare=False`` (its write
+    statement parsed and planned at every put, as before issue #14's
+    prepared statement), in the same rounds: an A/B of that change."""
+    from kvsaver.kv import PostgresStore
     from langgraph.checkpoint.postgres import PostgresSaver
 
     pg_cm = PostgresSaver.from_conn_string(url)
     pg = pg_cm.__enter__()
     pg.setup()
     pg._bench_cm = pg_cm  # type: ignore[attr-defined]
-    return {"KVSaver": KVSaver(url), "PostgresSaver": pg}
+    savers = {"KVSaver": KVSaver(url), "PostgresSaver": pg}
+    if ab:
+        store = PostgresStore(url, table="kv_unprepared", prepare=False)
+        savers[UNPREPARED] = KVSaver(store)
+    return savers
 
 
 def _close(savers: dict[str, Any]) -> None:
-    savers["KVSaver"].close()
-    savers["PostgresSaver"]._bench_cm.__exit__(None, None, None)
+    for name, saver in savers.items():
+        if name == "PostgresSaver":
+            saver._bench_cm.__exit__(None, None, None)
+        else:
+            saver.close()
+            if name == UNPREPARED:
+                saver.store.close()  # a passed-in store is not closed by the saver
 
 
 def _paired(
@@ -192,7 +213,7 @@ def _bytes(url: str) -> dict[str, int]:
 def test_kvsaver_vs_postgressaver(benchmark: Any, server_url: str) -> None:
     def run_all() -> dict[str, Any]:
         url = _database(server_url, "bench_ops")
-        savers = _savers(url)
+        savers = _savers(url, ab=AB)
         try:
             results: dict[str, dict[str, float]] = {"put": _paired(savers, _puts)}
             configs = {n: _history(s, f"read-{n}") for n, s in savers.items()}
@@ -221,6 +242,10 @@ def test_kvsaver_vs_postgressaver(benchmark: Any, server_url: str) -> None:
         },
         "bytes": {**b, "ratio": b["KVSaver"] / b["PostgresSaver"]},
     }
+    if AB:
+        for op, v in out["seconds"].items():
+            report["microseconds"][op][UNPREPARED] = v[UNPREPARED] * 1e6
+            report["microseconds"][op]["ratio " + UNPREPARED] = v[UNPREPARED] / v["PostgresSaver"]
     benchmark.extra_info.update(report)
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:
@@ -229,5 +254,9 @@ def test_kvsaver_vs_postgressaver(benchmark: Any, server_url: str) -> None:
     print(f"{'workload':<24}{'KVSaver us':>12}{'PostgresSaver us':>18}{'ratio':>8}")
     for op, k, p, r in rows:
         print(f"{op:<24}{k:>12.0f}{p:>18.0f}{r:>8.2f}")
+        if AB:
+            m = report["microseconds"][op]
+            print(f"{'  ' + UNPREPARED:<24}{m[UNPREPARED]:>12.0f}{'':>18}"
+                  f"{m['ratio ' + UNPREPARED]:>8.2f}")  # fmt: skip
     print(f"{'bytes (VACUUM FULL)':<24}{b['KVSaver']:>12,}{b['PostgresSaver']:>18,}"
           f"{report['bytes']['ratio']:>8.2f}")  # fmt: skip

@@ -29,10 +29,14 @@ Round trips (what a network costs; counted by tests/test_postgres.py)
     Writes are buffered in the transaction and sent as one statement
     (``INSERT ... SELECT unnest(...) ON CONFLICT DO UPDATE``, plus one
     ``DELETE ... = ANY(...)``), pipelined with ``COMMIT`` or with the next read
-    that must go to the server. ``BEGIN`` is pipelined with the first
-    statement; a read's ``ROLLBACK`` is deferred to the first round trip of
-    the connection's next transaction (or sent by a reaper thread after
-    ``_LINGER`` seconds, so no session stays idle in a transaction for long).
+    that must go to the server. A write-only transaction (a speculated put or
+    put_writes) is one statement, a server-side prepared statement of ours
+    (``_exec_prepared``: parsed and planned once per connection, not through
+    psycopg's cache; ``prepare=False`` parses it every time). ``BEGIN`` is
+    pipelined with the first statement; a read's ``ROLLBACK`` is deferred to
+    the first round trip of the connection's next transaction (or sent by a
+    reaper thread after ``_LINGER`` seconds, so no session stays idle in a
+    transaction for long).
     A scan's first chunk is queued and sent with the next round trip (so a
     scan followed by ``get_many`` costs one). Point reads are remembered for
     the rest of the transaction
@@ -189,23 +193,30 @@ class _Queries:
         # condition reads the table. One index lookup per key (a correlated
         # subquery: a join could be planned as a scan of the whole table,
         # slow and, under SERIALIZABLE, a lock on all of it).
-        check = sql.SQL(
+        check = (
             "1 / (NOT EXISTS (SELECT 1 FROM unnest(%b::bytea[], %b::bytea[], %b::bool[]) "
             "AS a(k, v, h) WHERE (SELECT CASE WHEN a.h THEN sha256(t.value) ELSE t.value END "
             "FROM {} AS t WHERE t.key = a.k) IS DISTINCT FROM a.v))::int"
-        ).format(t)
-        self.guard = sql.SQL("SELECT ") + check
+        )
+        self.guard = sql.SQL("SELECT " + check).format(t)
         # A write-only transaction's one statement (with BEGIN and COMMIT
         # around it: fewer statements, fewer packets and wake-ups): its id,
         # the guard, then the upserts and deletes, which run only when the
         # guard passed (one snapshot: the guard sees the table before them).
-        self.write_all = sql.SQL(
-            "WITH g AS MATERIALIZED (SELECT txid_current() AS xid, {} AS ok), "
+        write_all = (
+            "WITH g AS MATERIALIZED (SELECT txid_current() AS xid, " + check + " AS ok), "
             "u AS (INSERT INTO {} (key, value) SELECT * FROM unnest(%b::bytea[], %b::bytea[]) "
             "WHERE (SELECT ok FROM g) = 1 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value), "
             "d AS (DELETE FROM {} WHERE key = ANY(%b::bytea[]) AND (SELECT ok FROM g) = 1) "
             "SELECT xid FROM g"
-        ).format(check, t, t)
+        )
+        self.write_all = sql.SQL(write_all).format(t, t, t)
+        # The same statement with numbered parameters, for a server-side
+        # prepared statement of our own (see _PGTxn._exec_prepared); its name
+        # is the table's, so stores of one table on one pool share it.
+        self.write_all_numbered = sql.SQL(_numbered(write_all)).format(t, t, t)
+        digest = hashlib.sha1(table.encode()).hexdigest()[:16]
+        self.write_all_name = f"kvsaver_w_{digest}_{FORMAT_VERSION}".encode()
         self.create = sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (key bytea PRIMARY KEY, value bytea NOT NULL)"
         ).format(t)
@@ -219,7 +230,15 @@ class _Queries:
         a ``Composed`` again at every execute)."""
         if self._rendered:
             return
-        for name in ("get", "get_many", "upsert", "delete_many", "guard", "write_all"):
+        for name in (
+            "get",
+            "get_many",
+            "upsert",
+            "delete_many",
+            "guard",
+            "write_all",
+            "write_all_numbered",
+        ):
             q = getattr(self, name)
             if not isinstance(q, bytes):  # two threads may render at once: the same bytes
                 setattr(self, name, q.as_bytes(conn))
@@ -254,6 +273,19 @@ class _Queries:
             )
             self._deletes[(has_start, has_stop)] = q
         return q
+
+
+def _numbered(template: str) -> str:
+    """``%b`` placeholders as ``$1``, ``$2``, ... (a template of our own:
+    identifiers are still ``{}`` fields, so no ``%b`` can come from a name)."""
+    parts = template.split("%b")
+    return "".join(f"{p}${i}" for i, p in enumerate(parts[:-1], 1)) + parts[-1]
+
+
+# Connections on which a statement of ours is prepared (by name): module-wide,
+# since stores of one table on one pool share the statement's name.
+_PREPARED: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictionary()
+_PREPARED_LOCK = threading.Lock()
 
 
 _BIG = object()  # a key whose value is too long to cache: never guessed
@@ -453,7 +485,7 @@ class _PGTxn:
         self._store = store
         self._q = store._q
         self._conn = conn
-        self._cur = conn.cursor(binary=True)
+        self._cursor: Any = None  # made on first use (a write-only put needs none)
         self._write = write
         self._begin = store._begin_write if write else store._begin_read
         self._begun = False
@@ -477,6 +509,13 @@ class _PGTxn:
         self._assumed: dict[bytes, bytes | None] = {}  # not yet in a guard
         self.assumed_keys: list[bytes] = []
         self._ranges: list[tuple[bytes | None, bytes | None]] = []  # delete_range calls
+
+    @property
+    def _cur(self) -> Any:
+        cur = self._cursor
+        if cur is None:
+            cur = self._cursor = self._conn.cursor(binary=True)
+        return cur
 
     # -- statements -------------------------------------------------------------
     def _run(self, query: Any, params: Sequence[Any] | None) -> Any:
@@ -675,10 +714,11 @@ class _PGTxn:
         self._store._round_trips += 1
         try:
             if implicit and len(pre) == 1:  # one statement: no pipeline needed
+                if self._store.prepare and pre[0][0] is self._q.write_all:
+                    self._xid.rows = self._exec_prepared(pre[0][1])
+                    return
                 self._xid.cur = self._conn.cursor()
-                # Prepared (planned once per connection, as PostgresSaver's
-                # statements are); only here, outside any pipeline.
-                self._xid.cur.execute(*pre[0], prepare=True)
+                self._xid.cur.execute(*pre[0])
                 self._xid.rows = self._xid.cur.fetchall()
                 return
             with self._conn.pipeline():
@@ -721,6 +761,44 @@ class _PGTxn:
             raise self.failed from e
         finally:
             self._dirty.clear()
+
+    def _exec_prepared(self, params: Sequence[Any]) -> list[tuple[int]]:
+        """The write-only statement as a server-side prepared statement of
+        our own, parsed and planned once per connection as PostgresSaver's
+        statements are (planning it took ~150 us of the server's time at
+        every put and put_writes: issue #14, pg_stat_statements). The first
+        use on a connection costs one more round trip (Parse). A statement
+        the server no longer has (a pool's reset, DEALLOCATE ALL) is
+        prepared again: it failed before running, so nothing is applied
+        twice. The rows: the transaction's id."""
+        from psycopg import errors, pq
+        from psycopg.generators import execute
+
+        q = self._q
+        conn = self._conn
+        pgconn = conn.pgconn
+        values = [bytes(p) for p in params]
+        formats = [1] * len(values)
+        with conn.lock:
+            for attempt in (0, 1):
+                with _PREPARED_LOCK:
+                    names = _PREPARED.setdefault(conn, set())
+                if q.write_all_name not in names:
+                    pgconn.send_prepare(q.write_all_name, q.write_all_numbered)
+                    (res,) = conn.wait(execute(pgconn))
+                    if res.status != pq.ExecStatus.COMMAND_OK:
+                        raise errors.error_from_result(res, encoding=conn.info.encoding)
+                    names.add(q.write_all_name)
+                pgconn.send_query_prepared(q.write_all_name, values, formats, 0)
+                (res,) = conn.wait(execute(pgconn))
+                if res.status == pq.ExecStatus.TUPLES_OK:
+                    return [(int(res.get_value(0, 0) or b"0"),)]
+                error = errors.error_from_result(res, encoding=conn.info.encoding)
+                if attempt == 0 and isinstance(error, errors.InvalidSqlStatementName):
+                    names.discard(q.write_all_name)
+                    continue
+                raise error
+        raise AssertionError("unreachable")
 
     def _rollback_quietly(self) -> None:
         try:
@@ -950,6 +1028,10 @@ class PostgresStore:
             of committed values and verifies them in the round trip that
             commits (a put in one round trip; see ``transact``). False: every
             read goes to the server.
+        prepare: a write-only transaction's one statement is a server-side
+            prepared statement (planned once per connection). False where
+            sessions are shared between clients (PgBouncer in transaction
+            mode), where a prepared statement would not be found again.
         pool_options: more ``psycopg_pool.ConnectionPool`` keyword arguments.
     """
 
@@ -969,6 +1051,7 @@ class PostgresStore:
         pool_timeout: float = 30.0,
         retries: int = 10,
         speculate: bool = True,
+        prepare: bool = True,
         pool_options: dict[str, Any] | None = None,
     ) -> None:
         _psycopg()
@@ -978,6 +1061,7 @@ class PostgresStore:
         self.table = table
         self.retries = retries
         self.speculate = speculate
+        self.prepare = prepare
         self._q = _Queries(table)
         self._begin_write = "BEGIN ISOLATION LEVEL SERIALIZABLE"
         self._begin_read = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
@@ -1082,8 +1166,10 @@ class PostgresStore:
             raise _translate(e, "connect") from e
         if not conn.autocommit:
             conn.autocommit = True  # transactions are explicit BEGIN ... COMMIT
-        # No server-side prepared statements: after an error inside a pipeline
-        # psycopg's cache can name a statement whose PREPARE was skipped.
+        # No prepared statements of psycopg's: its cache can name a statement
+        # the server no longer has (a ROLLBACK's result makes it queue a
+        # DEALLOCATE ALL, sent after the next statement it prepares). The
+        # one statement worth preparing is prepared by _exec_prepared.
         conn.prepare_threshold = None
         if conn not in self._adapted:  # our arrays go as they are (_bytea_array)
             _register_arrays(conn)
@@ -1117,7 +1203,7 @@ class PostgresStore:
             txn.lost = True
             return False
         txn._conn = conn
-        txn._cur = conn.cursor(binary=True)
+        txn._cursor = None  # the next statement makes one on the new connection
         txn._pre_rollback = False  # a fresh connection has no snapshot to end
         return True
 

@@ -388,13 +388,16 @@ def loader(serde: SerializerProtocol) -> Callable[[tuple[str, bytes]], Any]:
     if not isinstance(serde, CompressingSerializer):
         return serde.loads_typed
     inner = serde.serde
-    hook = getattr(inner, "_unpack_ext_hook", None)
-    if type(inner) is not JsonPlusSerializer or hook is None:
+    stock = getattr(inner, "_unpack_ext_hook", None)
+    if type(inner) is not JsonPlusSerializer or stock is None:
         return serde.loads_typed
-    hook = fast_hook(hook)  # messages built with less Python, the same objects (issue #15)
     fast = serde._loader
-    if fast is not None and fast[0] is hook:
+    if fast is not None and fast[0] is stock:
         return fast[1]
+    # Messages built with less Python, the same objects (issue #15), unless
+    # the hook is the user's own (``__unpack_ext_hook__``): it decides alone.
+    custom = getattr(inner, "_custom_unpack_ext_hook", True)
+    hook = stock if custom else fast_hook(stock)
     unpackb, option, inflate, inflate_small, slow = (
         ormsgpack.unpackb,
         ormsgpack.OPT_NON_STR_KEYS,
@@ -415,7 +418,7 @@ def loader(serde: SerializerProtocol) -> Callable[[tuple[str, bytes]], Any]:
             return unpackb(inflate_small(raw), ext_hook=hook, option=option)
         return slow(data)
 
-    serde._loader = (hook, loads)
+    serde._loader = (stock, loads)
     return loads
 
 

@@ -105,7 +105,6 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
@@ -259,6 +258,11 @@ class Codec:
         # (thread, ns, checkpoint id) -> channel_versions of checkpoints this
         # process wrote: the parent of the next put is nearly always one.
         self._versions: OrderedDict[tuple[str, str, str], Mapping[str, Any]] = OrderedDict()
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        # A serializer carries its codec (codec()): a deep copy or a pickle
+        # of the serializer gets none, and makes its own when first used.
+        return _no_codec, ()
 
     # -- the outer layers (compression, then encryption) ------------------------
 
@@ -788,21 +792,30 @@ def chain_closure(blobs: Iterable[tuple[bytes, bytes]], referenced: set[bytes]) 
     return out
 
 
-_CODECS: weakref.WeakKeyDictionary[Any, Codec] = weakref.WeakKeyDictionary()
 _CODECS_LOCK = threading.Lock()
+
+
+def _no_codec() -> None:
+    return None
 
 
 def codec(serde: SerializerProtocol) -> Codec:
     """The delta layer of a serializer stack, one per serializer object (so a
-    clone with another allowlist, or another cipher, has its own cache)."""
-    try:
-        c = _CODECS.get(serde)
-        if c is None:
-            with _CODECS_LOCK:
-                c = _CODECS.get(serde)
-                if c is None:
-                    c = _CODECS[serde] = Codec(serde)
-    except TypeError:  # a serializer that cannot be hashed or weakly referenced
+    clone with another allowlist, or another cipher, has its own cache),
+    kept on that object: it lives as long as the serializer does. (A
+    dictionary of codecs by serializer kept both alive for good: each
+    codec refers to its serializer, so every ``KVSaver`` opened and closed
+    left its codec and caches behind.)"""
+    c = getattr(serde, "_kvsaver_codec", None)
+    if type(c) is Codec and c.serde is serde:  # not a copy's: copy.copy copies it
+        return c
+    with _CODECS_LOCK:
+        c = getattr(serde, "_kvsaver_codec", None)
+        if type(c) is Codec and c.serde is serde:
+            return c
         c = Codec(serde)
-        c.enabled = False  # no cache to find a base in: store whole
+        try:
+            serde._kvsaver_codec = c  # type: ignore[attr-defined]
+        except (AttributeError, TypeError):  # no attributes (slots): no cache
+            c.enabled = False  # no cache to find a base in: store whole
     return c

@@ -804,17 +804,18 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         for thread in _id_list(thread_ids, "prune(thread_ids)"):
             self._maintain(functools.partial(prune_one, thread))
 
-    def _maintain(self, fn: Callable[[Any], None]) -> None:
-        """One maintenance transaction. On a store whose write transactions
-        can conflict (PostgreSQL: ``write_conflicts``) through ``transact()``,
-        which reruns ``fn`` on a conflict instead of raising; elsewhere one
-        ``write()`` (on LMDB, transact's nested transaction would need free
-        pages that a full store, which a delete is there to relieve, lacks)."""
+    def _maintain(self, fn: Callable[[Any], T]) -> T:
+        """One maintenance transaction; ``fn``'s result. On a store whose write
+        transactions can conflict (PostgreSQL: ``write_conflicts``) through
+        ``transact()``, which reruns ``fn`` on a conflict instead of raising
+        (so ``fn`` keeps its effects in ``txn`` and returns what it counted);
+        elsewhere one ``write()`` (on LMDB, transact's nested transaction would
+        need free pages that a full store, which a delete is there to
+        relieve, lacks). Retention sweeps and the migration use it too."""
         if getattr(self.store, "write_conflicts", False):
-            self.store.transact(fn)
-            return
+            return self.store.transact(fn)
         with self.store.write() as txn:
-            fn(txn)
+            return fn(txn)
 
     # -- storage: retention, stats, allowlist --------------------------------------
 

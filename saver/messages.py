@@ -37,8 +37,6 @@ LangChain release that changes one of these ``__init__`` methods fails there.
 from __future__ import annotations
 
 import sys
-import threading
-import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -75,8 +73,6 @@ def _forwarding() -> frozenset[Any]:
 
 _FORWARDING: frozenset[Any] | None = None
 _classes: dict[tuple[str, str], Any] = {}  # (module, name) -> class, or None: stock
-_hooks: weakref.WeakKeyDictionary[Any, Hook] = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
 
 
 def _fast_class(module: str, name: str) -> Any:
@@ -85,29 +81,60 @@ def _fast_class(module: str, name: str) -> Any:
     key = (module, name)
     if key in _classes:
         return _classes[key]
-    cls = None
+    if key not in _SAFE:
+        _classes[key] = None
+        return None
     mod = sys.modules.get(module)  # a message class's module is imported with langchain_core
-    if key in _SAFE and mod is not None:
-        if _FORWARDING is None:
-            _FORWARDING = _forwarding()
-        c = getattr(mod, name, None)
-        if isinstance(c, type) and hasattr(c, "__pydantic_validator__"):
-            inits = [vars(k)["__init__"] for k in c.__mro__[:-1] if "__init__" in vars(k)]
-            if all(f in _FORWARDING for f in inits) and "__new__" not in vars(c):
-                cls = c
+    if mod is None:
+        return None  # not remembered: it may be imported later
+    if _FORWARDING is None:
+        _FORWARDING = _forwarding()
+    cls = None
+    c = getattr(mod, name, None)
+    if isinstance(c, type) and hasattr(c, "__pydantic_validator__"):
+        inits = [vars(k)["__init__"] for k in c.__mro__[:-1] if "__init__" in vars(k)]
+        if all(f in _FORWARDING for f in inits) and "__new__" not in vars(c):
+            cls = c
     _classes[key] = cls
     return cls
 
 
+def _str_at(data: bytes, i: int) -> tuple[str, int]:
+    """The msgpack string at ``data[i]`` and the offset after it (ValueError
+    when it is not a string)."""
+    b = data[i]
+    if 0xA0 <= b <= 0xBF:
+        n, i = b & 0x1F, i + 1
+    elif b == 0xD9:
+        n, i = data[i + 1], i + 2
+    elif b == 0xDA:
+        n, i = int.from_bytes(data[i + 1 : i + 3], "big"), i + 3
+    else:
+        raise ValueError("not a short msgpack string")
+    if i + n > len(data):
+        raise ValueError("a truncated msgpack string")
+    return data[i : i + n].decode("utf-8"), i + n
+
+
+def _head(data: bytes) -> tuple[str, str]:
+    """(module, class name): the first two elements of a pydantic record's
+    msgpack array, read without decoding the rest (ValueError otherwise)."""
+    b = data[0]
+    if 0x93 <= b <= 0x9F:
+        i = 1
+    elif b == 0xDC:
+        i = 3
+    else:
+        raise ValueError("not a msgpack array of 3 or more")
+    module, i = _str_at(data, i)
+    name, _ = _str_at(data, i)
+    return module, name
+
+
 def fast_hook(stock: Hook) -> Hook:
     """``stock`` (a ``JsonPlusSerializer``'s ext hook) with messages built
-    directly; the same function for the same ``stock`` (callers cache by it)."""
-    try:
-        hook = _hooks.get(stock)
-    except TypeError:  # not weakly referenceable: a hook of its own each time
-        hook = None
-    if hook is not None:
-        return hook
+    directly. A record of any other class goes to ``stock`` undecoded (its
+    module and name are read first), so it is decoded once, as before."""
     unpackb, option = ormsgpack.unpackb, ormsgpack.OPT_NON_STR_KEYS
     classes = _classes
 
@@ -115,10 +142,12 @@ def fast_hook(stock: Hook) -> Hook:
         if code != EXT_PYDANTIC_V2:
             return stock(code, data)
         try:
-            module, name, kwargs = unpackb(data, ext_hook=ext_hook, option=option)[:3]
-            key = (module, name)
-            cls = classes[key] if key in classes else _fast_class(module, name)
-            if cls is None or "content" not in kwargs or "content_blocks" in kwargs:
+            key = _head(data)
+            cls = classes[key] if key in classes else _fast_class(*key)
+            if cls is None:
+                return stock(code, data)
+            kwargs = unpackb(data, ext_hook=ext_hook, option=option)[2]
+            if "content" not in kwargs or "content_blocks" in kwargs or "self" in kwargs:
                 return stock(code, data)
             obj = cls.__new__(cls)
             if cls.__pydantic_validator__.validate_python(kwargs, self_instance=obj) is obj:
@@ -127,8 +156,4 @@ def fast_hook(stock: Hook) -> Hook:
         except Exception:
             return stock(code, data)
 
-    with _lock:
-        try:
-            return _hooks.setdefault(stock, ext_hook)
-        except TypeError:
-            return ext_hook
+    return ext_hook

@@ -745,13 +745,18 @@ def _copy_sqlite(
     if progress is not None:
         progress("copy", 0, src.checkpoints)
     for rows in src.rows(batch_size):
-        if saver is None:
-            ctx: Any = nullcontext(_NoDest())
-        elif dry_run:
-            ctx = saver.store.read()
-        else:
-            ctx = saver.store.write()
-        with ctx as txn:
+        # A batch may be rerun (through KVSaver._maintain: a conflict on
+        # PostgreSQL, issue #14): each attempt starts from the counts and
+        # the (channel, version) pairs as they were before the batch, so a
+        # rerun counts nothing twice.
+        before = (_counts(stats), set(seen), current)
+
+        def batch(txn: Any, rows: Any = rows, before: Any = before) -> None:
+            nonlocal current
+            _restore(stats, before[0])
+            seen.clear()
+            seen.update(before[1])
+            current = before[2]
             put = _Putter(txn, stats)
             for thread_v, ns_v, cid_v, parent, ctype, cbytes, meta_raw in rows:
                 if (thread_v, ns_v) != current:
@@ -799,6 +804,15 @@ def _copy_sqlite(
                     put(wkey, S.encode_write(record))
             if interrupted():  # a value of this batch may be a swallowed Ctrl-C's fallback
                 raise KeyboardInterrupt()
+
+        if saver is None:
+            with nullcontext(_NoDest()) as nothing:
+                batch(nothing)
+        elif dry_run:
+            with saver.store.read() as txn:
+                batch(txn)
+        else:
+            saver._maintain(batch)
         done += len(rows)
         if progress is not None:
             progress("copy", done, src.checkpoints)
@@ -846,6 +860,20 @@ class _Splitter:
 
 def _same(value: Any) -> Any:
     return value
+
+
+_COUNTED = ("checkpoints_copied", "checkpoints_present", "writes_copied", "writes_present",
+            "blobs_written", "bytes_written")  # fmt: skip
+
+
+def _counts(stats: MigrationStats) -> tuple[int, ...]:
+    """What a batch of ``_copy_sqlite`` adds to (see ``_restore``)."""
+    return tuple(getattr(stats, name) for name in _COUNTED)
+
+
+def _restore(stats: MigrationStats, counts: tuple[int, ...]) -> None:
+    for name, value in zip(_COUNTED, counts):
+        setattr(stats, name, value)
 
 
 class _Putter:

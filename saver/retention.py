@@ -46,13 +46,15 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 from kvsaver.kv import Store
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from . import schema as S
 from . import threads as TH
+
+T = TypeVar("T")
 
 
 class KVSaver(Protocol):
@@ -63,6 +65,8 @@ class KVSaver(Protocol):
     serde: SerializerProtocol
     clock: Callable[[], float]
     retention: Retention | None
+
+    def _maintain(self, fn: Callable[[Any], T]) -> T: ...
 
 
 __all__ = ["Retention", "SweepReport"]
@@ -297,10 +301,12 @@ def _read_state(saver: KVSaver) -> dict[str, Any]:
 
 
 def _update_state(saver: KVSaver, **changes: Any) -> None:
-    with saver.store.write() as txn:
+    def update(txn: Any) -> None:  # may be rerun (a conflict on PostgreSQL)
         state = S.decode_sweep(txn.get(S.SWEEP_KEY))
         state.update(changes)
         txn.put(S.SWEEP_KEY, S.encode_sweep(state))
+
+    saver._maintain(update)
 
 
 def _start(saver: KVSaver, now: int, *, full: bool, state: dict[str, Any]) -> _Pass:
@@ -390,10 +396,13 @@ def _step(saver: KVSaver, r: Retention, p: _Pass, budget: int) -> bool:
 def _handle(
     saver: KVSaver, r: Retention, p: _Pass, thread: str, *, ttl: bool, keep: int | None
 ) -> None:
-    """Apply the policy to one thread, in one write transaction."""
+    """Apply the policy to one thread, in one write transaction (through
+    ``_maintain``: rerun on a conflict on PostgreSQL, so the counts reach the
+    report once, after the commit)."""
     report = p.report
     report.threads_checked += 1
-    with saver.store.write() as txn:
+
+    def apply(txn: Any) -> tuple[int, bool]:  # (checkpoints deleted, thread deleted)
         recorded, latest = last_activity(saver, txn, thread)
         namespaces = TH.namespaces(txn, thread)
         seen = [x for x in (recorded, latest) if x is not None]
@@ -403,14 +412,13 @@ def _handle(
             # Writes or blobs without a checkpoint (or nothing at all).
             if recorded is None or idle:
                 TH.delete_thread(txn, thread)
-            return
+            return 0, False
         if last is not None and (recorded is None or last - recorded >= TH.TOUCH_RESOLUTION_MS):
             TH.touch(txn, thread, last)  # backfill, or a checkpoint newer than the record
         if idle and r.strategy == "delete":
-            report.checkpoints_deleted += sum(1 for _ in txn.scan(*S.checkpoints_range(thread)))
+            n = sum(1 for _ in txn.scan(*S.checkpoints_range(thread)))
             TH.delete_thread(txn, thread)
-            report.threads_deleted += 1
-            return
+            return n, True
         n = 0
         if idle:  # keep_latest: prune once, then leave the idle index until written again
             n = sum(TH.keep_latest(txn, saver.serde, thread, ns) for ns in namespaces)
@@ -419,5 +427,9 @@ def _handle(
                 txn.delete(S.idle_key(S.decode_activity(raw)[0], thread))
         elif keep is not None:
             n = sum(TH.keep_latest(txn, saver.serde, thread, ns, keep) for ns in namespaces)
-        report.checkpoints_deleted += n
-        report.threads_pruned += bool(n)
+        return n, False
+
+    n, deleted = saver._maintain(apply)
+    report.checkpoints_deleted += n
+    report.threads_deleted += deleted
+    report.threads_pruned += bool(n) and not deleted

@@ -579,14 +579,36 @@ def test_put_over_a_stored_version_keeps_the_others() -> None:
     assert first
 
 
-def test_an_unhashable_serializer_still_works() -> None:
-    """``delta.codec`` keeps one codec per serializer object in a weak
-    dictionary; one that cannot be a key gets values stored whole."""
+def test_an_unhashable_serializer_gets_deltas_and_one_without_attributes_works() -> None:
+    """``delta.codec`` keeps a serializer's codec on the serializer object:
+    an unhashable one gets deltas like any other; one that takes no
+    attributes (``__slots__``) has no cache to find a base in, and its
+    values are stored whole."""
 
     class Unhashable(EncryptedSerializer):
         __hash__ = None  # type: ignore[assignment]
 
     saver = KVSaver(":memory:", serde=Unhashable(_Xor()))
+    _chat(saver, "t", 6)
+    assert any(_kinds(saver, "t"))
+    msgs = saver.get_tuple(_cfg("t")).checkpoint["channel_values"]["messages"]
+    assert [m.id for m in msgs] == [f"m{i}" for i in range(6)]
+
+    class Slotted:  # no base class: no __dict__
+        __slots__ = ("inner",)
+
+        def __init__(self) -> None:
+            self.inner = JsonPlusSerializer()
+
+        def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+            return self.inner.dumps_typed(obj)
+
+        def loads_typed(self, data: tuple[str, bytes]) -> Any:
+            return self.inner.loads_typed(data)
+
+    serde = Slotted()
+    assert D.codec(serde).enabled is False and D.codec(serde) is not D.codec(serde)
+    saver = KVSaver(":memory:", serde=serde)
     _chat(saver, "t", 6)
     assert not any(_kinds(saver, "t"))
     msgs = saver.get_tuple(_cfg("t")).checkpoint["channel_values"]["messages"]
@@ -833,3 +855,33 @@ def test_a_version_without_a_value_stores_no_record() -> None:
         if isinstance(s, KVSaver):
             with s.store.read() as txn:
                 assert list(txn.scan(*S.blobs_range("u"))) == []
+
+
+def test_a_closed_saver_leaves_no_codec_or_serializer_behind() -> None:
+    """Each serializer carries its codec: a codecs-by-serializer dictionary
+    kept every codec (which refers to its serializer, and so kept it too)
+    with its caches alive after the saver was gone."""
+    import copy
+    import gc
+    import weakref
+
+    gone = []
+    for i in range(5):
+        saver = KVSaver(":memory:")
+        cfg = {"configurable": {"thread_id": f"t{i}", "checkpoint_ns": ""}}
+        chk = empty_checkpoint()
+        chk["channel_values"] = {"m": ["x" * 600]}
+        chk["channel_versions"] = {"m": saver.get_next_version(None, None)}
+        saver.put(cfg, chk, {}, chk["channel_versions"])
+        assert saver.get_tuple(cfg) is not None
+        assert D.codec(saver.serde) is D.codec(saver.serde)
+        assert D.codec(copy.copy(saver.serde)).serde is not saver.serde  # its own
+        gone.append(weakref.ref(saver.serde))
+        saver.close()
+        del saver
+    gc.collect()
+    assert [r() for r in gone] == [None] * 5
+    plain = JsonPlusSerializer()
+    twin = copy.deepcopy(plain)  # a deep copy (or a pickle) carries no codec
+    assert D.codec(plain) is not D.codec(twin) and D.codec(twin).serde is twin
+    assert copy.deepcopy(plain).__dict__.get("_kvsaver_codec") is None

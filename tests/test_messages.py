@@ -15,6 +15,7 @@ from kvsaver import messages as M
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
+    AnyMessage,
     ChatMessage,
     FunctionMessage,
     HumanMessage,
@@ -25,6 +26,7 @@ from langchain_core.messages import (
     ToolMessageChunk,
 )
 from langgraph.checkpoint.serde.jsonplus import EXT_PYDANTIC_V2, JsonPlusSerializer
+from pydantic import BaseModel
 
 OPT = ormsgpack.OPT_NON_STR_KEYS
 
@@ -154,6 +156,18 @@ def test_a_record_that_does_not_validate_decodes_as_the_stock_hook_decodes_it() 
     assert stock[0].content == 12
 
 
+def test_a_record_with_a_field_named_self_decodes_as_the_stock_hook_decodes_it() -> None:
+    """``cls(self=..., **kwargs)`` fails in the stock hook, which falls back to
+    ``model_construct``; the fast hook hands such a record to it."""
+    serde = JsonPlusSerializer()
+    kwargs = {"content": "x", "type": "human", "self": 1}
+    record = ormsgpack.packb(["langchain_core.messages.human", "HumanMessage", kwargs, "x"])
+    data = ormsgpack.packb([ormsgpack.Ext(EXT_PYDANTIC_V2, record)])
+    stock = ormsgpack.unpackb(data, ext_hook=serde._unpack_ext_hook, option=OPT)
+    fast = ormsgpack.unpackb(data, ext_hook=M.fast_hook(serde._unpack_ext_hook), option=OPT)
+    assert same(stock, fast)
+
+
 def test_a_class_outside_the_allowlist_goes_to_the_stock_hook() -> None:
     """Strict msgpack: a class not in SAFE_MSGPACK_TYPES is blocked by the
     stock hook (its kwargs come back); the fast hook does not build it."""
@@ -163,13 +177,107 @@ def test_a_class_outside_the_allowlist_goes_to_the_stock_hook() -> None:
     assert isinstance(fast[0], dict)
 
 
+def _counting(serde: JsonPlusSerializer) -> list[int]:
+    """Replace ``serde``'s stock hook by one that counts its calls (codes)."""
+    calls: list[int] = []
+    inner = serde._unpack_ext_hook
+
+    def counting(code: int, data: bytes) -> Any:
+        calls.append(code)
+        return inner(code, data)
+
+    serde._unpack_ext_hook = counting
+    return calls
+
+
 def test_the_loader_uses_the_fast_hook() -> None:
     serde = C.CompressingSerializer()
+    typed = serde.dumps_typed([HumanMessage("x" * 5000, id="1"), AIMessage("y")])
+    ref = serde.loads_typed(typed)  # the stock hook's objects
+    stock_calls = _counting(serde.serde)  # type: ignore[arg-type]
     loads = C.loader(serde)
-    typed = serde.dumps_typed([HumanMessage("x" * 5000, id="1")])
-    assert same(loads(typed), serde.loads_typed(typed))
-    assert serde._loader is not None
-    assert serde._loader[0] is M.fast_hook(serde.serde._unpack_ext_hook)
+    assert same(loads(typed), ref)
+    assert stock_calls == []  # messages: built without the stock hook
+    assert C.loader(serde) is loads  # remembered for this serializer
+
+
+def test_a_users_own_ext_hook_decides_alone() -> None:
+    """A hook passed as ``__unpack_ext_hook__`` (a stricter policy, say) is
+    called for every ext value, messages included: no fast path around it."""
+    refused: list[int] = []
+
+    def refuse_all(code: int, data: bytes) -> Any:
+        refused.append(code)
+        return None
+
+    saver_serde = C.CompressingSerializer(JsonPlusSerializer(__unpack_ext_hook__=refuse_all))
+    typed = saver_serde.dumps_typed([HumanMessage("hi" * 2000)])
+    assert C.loader(saver_serde)(typed) == [None] == saver_serde.loads_typed(typed)
+    assert refused == [EXT_PYDANTIC_V2, EXT_PYDANTIC_V2]
+
+
+class Chat(BaseModel):
+    """A user's model holding messages: not a message, so the stock hook."""
+
+    title: str
+    messages: list[AnyMessage]
+
+
+def test_another_class_is_decoded_once_by_the_stock_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A record of a class that is not a fast message reaches the stock hook
+    undecoded (its module and name are read from the bytes first): the fast
+    hook does not unpack it (and build the messages inside) before handing
+    it over, which built them twice."""
+    unpacked: list[int] = []
+
+    class Counting:
+        OPT_NON_STR_KEYS = OPT
+
+        @staticmethod
+        def unpackb(data: bytes, **kwargs: Any) -> Any:
+            unpacked.append(len(data))
+            return ormsgpack.unpackb(data, **kwargs)
+
+    monkeypatch.setattr(M, "ormsgpack", Counting)
+    serde = JsonPlusSerializer()
+    value = Chat(title="t", messages=[HumanMessage("a"), AIMessage("b")])
+    _, data = serde.dumps_typed(value)
+    stock = ormsgpack.unpackb(data, ext_hook=serde._unpack_ext_hook, option=OPT)
+    fast = ormsgpack.unpackb(data, ext_hook=M.fast_hook(serde._unpack_ext_hook), option=OPT)
+    assert same(fast, stock) and isinstance(fast, Chat)
+    assert unpacked == []
+    _, data = serde.dumps_typed([HumanMessage("a")])
+    ormsgpack.unpackb(data, ext_hook=M.fast_hook(serde._unpack_ext_hook), option=OPT)
+    assert len(unpacked) == 1  # a message's record: unpacked by the fast hook
+
+
+def test_head_reads_the_module_and_name_or_refuses() -> None:
+    record = ["langchain_core.messages.human", "HumanMessage", {"content": "x"}, "m"]
+    assert M._head(ormsgpack.packb(record)) == tuple(record[:2])
+    long_name = ["m" * 300, "N" * 70000, {}]  # str16 and str32 lengths
+    with pytest.raises(ValueError):
+        M._head(ormsgpack.packb(long_name))
+    assert M._head(ormsgpack.packb(["m" * 300, "N", {}])) == ("m" * 300, "N")
+    for bad in ([1, 2, 3], ["a", "b"], {"a": 1}, "abc"):
+        with pytest.raises((ValueError, IndexError)):
+            M._head(ormsgpack.packb(bad))
+    with pytest.raises((ValueError, IndexError)):
+        M._head(ormsgpack.packb(record)[:20])  # truncated
+
+
+def test_fast_hooks_are_not_kept_after_their_serializer() -> None:
+    """Nothing global holds a fast hook or the stock hook it wraps: with
+    ``LANGGRAPH_STRICT_MSGPACK`` every ``compile()`` makes a serializer
+    (``with_allowlist``), and each one's hooks were kept for good."""
+    import gc
+    import weakref
+
+    serde = C.CompressingSerializer()
+    C.loader(serde)(serde.dumps_typed([HumanMessage("x")]))
+    gone = weakref.ref(serde.serde._unpack_ext_hook)  # type: ignore[attr-defined]
+    del serde
+    gc.collect()
+    assert gone() is None
 
 
 text = st.text(max_size=20)

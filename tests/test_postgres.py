@@ -72,6 +72,7 @@ class TracedPool:
 
     def __init__(self, url: str) -> None:
         self.trace = tempfile.TemporaryFile()
+        self.parses = 0  # Parse messages the last count() saw (0: prepared statements)
 
         def configure(conn: psycopg.Connection) -> None:
             conn.pgconn.trace(self.trace.fileno())
@@ -100,6 +101,7 @@ class TracedPool:
             elif ln.startswith("B\t"):
                 run = False
         queries = sum(1 for ln in lines if ln.startswith("F\t") and "\tExecute" in ln)
+        self.parses = sum(1 for ln in lines if ln.startswith("F\t") and "\tParse" in ln)
         return waits, queries
 
     def close(self) -> None:
@@ -170,21 +172,92 @@ def test_round_trips_per_operation(postgres_url: str, table: str) -> None:
             )
         )
         try:
+            # Warm-up: the first put reads from the server (nothing cached to
+            # guess from), the second prepares the statement on the pool's one
+            # connection (one more round trip, once per connection).
             own.put(config("t", "", "0020"), make_checkpoint("0021", {}, {}), {}, {})
-            put = traced.count(
+            first = traced.count(
                 lambda: own.put(config("t", "", "0021"), make_checkpoint("0022", {}, {}), {}, {})
             )
-            writes = traced.count(lambda: own.put_writes(config("t", "", "0022"), [("a", 1)], "t3"))
-            print("own pool: put, put_writes:", put, writes)
+            put = traced.count(
+                lambda: own.put(config("t", "", "0022"), make_checkpoint("0023", {}, {}), {}, {})
+            )
+            writes = traced.count(lambda: own.put_writes(config("t", "", "0023"), [("a", 1)], "t3"))
+            print("own pool: first put, put, put_writes:", first, put, writes)
+            assert first == (2, 1)  # PREPARE, then the statement
             assert put == (1, 1) and writes == (1, 1)
+            # Prepared: executed by name, not parsed (and planned) again.
+            traced.count(
+                lambda: own.put(config("t", "", "0023"), make_checkpoint("0024", {}, {}), {}, {})
+            )
+            assert traced.parses == 0
         finally:
             own.store.close()  # a passed-in store is not closed by the saver
+        # prepare=False (PgBouncer in transaction mode): parsed every time, still 1.
+        plain = KVSaver(
+            PostgresStore(
+                postgres_url,
+                table=table,
+                max_size=1,
+                prepare=False,
+                pool_options={"configure": traced.configure},
+            )
+        )
+        try:
+            plain.put(config("t", "", "0024"), make_checkpoint("0025", {}, {}), {}, {})
+            put = traced.count(
+                lambda: plain.put(config("t", "", "0025"), make_checkpoint("0026", {}, {}), {}, {})
+            )
+            assert put == (1, 1) and traced.parses == 1
+        finally:
+            plain.store.close()
     finally:
         # The stores first: a read's connection lingering in one of them would
         # outlive the pool and write its trace into a closed, reused descriptor.
         for one in (saver, other):
             one.store.close()
         traced.close()
+
+
+def test_the_prepared_write_outlives_reads_rollbacks_and_deallocate(
+    postgres_url: str, table: str
+) -> None:
+    """The write-only statement is prepared once per connection; reads whose
+    deferred ROLLBACK rides with the next write or is sent by the reaper, a
+    rolled-back write, and a
+    DEALLOCATE ALL from elsewhere (a pool's reset) never leave a put naming
+    a statement the server no longer has. (With psycopg's own prepared
+    statements, a ROLLBACK result queued a DEALLOCATE ALL that it sent just
+    after preparing the next statement: "prepared statement does not exist".)"""
+    from kvsaver.kv.postgres import _LINGER
+
+    store = PostgresStore(postgres_url, table=table, max_size=1)  # one connection
+    saver = KVSaver(store)
+    try:
+        parent = None
+        for i in range(8):
+            cid = f"{i:04d}"
+            versions = {"messages": i + 1}
+            saver.put(
+                config("t", "", parent), make_checkpoint(cid, {"messages": [i]}, versions), {},
+                versions,
+            )  # fmt: skip
+            saver.put_writes(config("t", "", cid), [("a", i)], "task")
+            assert saver.get_tuple(config("t")).checkpoint["id"] == cid  # a read lingers
+            if i == 2:  # the reaper rolls the read back, on the connection
+                time.sleep(3 * _LINGER)
+            if i == 3:
+                with pytest.raises(ValueError):
+                    store.transact(lambda txn: (txn.put(b"x", b"1"), int("not a number")))
+            if i == 5:
+                with store._pool.connection() as conn:  # behind psycopg's back
+                    assert conn.pgconn.exec_(b"DEALLOCATE ALL").status == pq.ExecStatus.COMMAND_OK
+            parent = cid
+        assert [c.checkpoint["id"] for c in saver.list(config("t"))] == [
+            f"{i:04d}" for i in reversed(range(8))
+        ]
+    finally:
+        store.close()
 
 
 def test_a_deferred_rollback_never_outlives_the_linger_time(postgres_url: str, table: str) -> None:
@@ -671,14 +744,29 @@ class _Interleaved(PostgresStore):
     the write transactions that try to commit."""
 
     attempts = 0
+    at = 1  # the write transaction (counted from 1) that between() runs before
     between: Any = None
 
     def _close_txn(self, txn: Any, commit: bool) -> None:
-        if txn._write and commit:
-            self.attempts += 1
-            if self.attempts == 1 and self.between is not None:
-                self.between()
-        super()._close_txn(txn, commit)
+        try:
+            if txn._write and commit:
+                self.attempts += 1
+                if self.attempts == self.at and self.between is not None:
+                    self.between()
+        finally:  # the transaction ends whatever between() did
+            super()._close_txn(txn, commit)
+
+
+def _concurrent_write(url: str, table: str, key: bytes, value: bytes) -> None:
+    """Another connection's SERIALIZABLE transaction: it reads every key,
+    writes ``key`` and commits (a lock wait ends in an error, not a hang)."""
+    with psycopg.connect(url, autocommit=True) as other:
+        ident = sql.Identifier(table)
+        other.execute("SET lock_timeout = '5s'")
+        other.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
+        other.execute(sql.SQL("SELECT count(*) FROM {}").format(ident))  # reads every key
+        other.execute(sql.SQL("INSERT INTO {} VALUES (%b, %b)").format(ident), (key, value))
+        other.execute("COMMIT")
 
 
 @pytest.mark.parametrize("op", ["delete_thread", "prune", "copy_thread", "delete_for_runs"])
@@ -740,3 +828,87 @@ def test_maintenance_retries_a_serialization_conflict(
                 assert txn.get(extra) is None
     finally:
         saver.close()
+
+
+def test_a_sweep_retries_a_serialization_conflict_and_counts_once(
+    postgres_url: str, table: str
+) -> None:
+    """A retention sweep's per-thread transaction conflicts with another
+    connection's (which wrote a pending write of a checkpoint the sweep
+    deletes): it is rerun, not raised (it used to go through write(): a
+    StoreConflictError), the rerun deletes that write too, and the report
+    counts the thread's pruned checkpoints once."""
+    from kvsaver import Retention
+    from kvsaver import schema as S
+
+    # speculate=False: every read goes to the server, so the conflict is
+    # PostgreSQL's (SERIALIZABLE), not a guard's.
+    store = _Interleaved(postgres_url, table=table, speculate=False)
+    saver = KVSaver(store)
+    try:
+        _chat(saver, "t", 4)
+        for cid in ("0000", "0001", "0002", "0003"):
+            saver.put_writes(config("t", "", cid), [("a", 1)], "task")
+        extra = S.write_keys("t", "", "0001", "late", [0])[0]
+        value = S.encode_write(S.WriteRecord("late", "b", saver.serde.dumps_typed(2), "", 0))
+        # When the sweep's transaction for "t" has read (and deleted) and is
+        # about to commit, another transaction reads every key, writes a
+        # pending write of a checkpoint the sweep deletes, and commits first.
+        store.between = lambda: _concurrent_write(postgres_url, table, extra, value)
+        store.at = 2  # 1: the sweep records its start; 2: its transaction for "t"
+        store.attempts = 0
+        report = saver.sweep(Retention(keep_last=1))
+        assert store.attempts == 4  # start, "t" twice (rerun once), finish
+        assert (report.threads_checked, report.threads_pruned) == (1, 1)
+        assert report.checkpoints_deleted == 3  # not 6: the rerun's count only
+        assert [t.checkpoint["id"] for t in saver.list(config("t"))] == ["0003"]
+        assert saver.get_tuple(config("t")).pending_writes == [("task", "a", 1)]
+        with store.read() as txn:
+            assert txn.get(extra) is None  # the rerun saw the late write
+    finally:
+        saver.close()
+
+
+def test_the_migration_retries_a_serialization_conflict_and_counts_once(
+    postgres_url: str, table: str, tmp_path: Any
+) -> None:
+    """A batch of migrate_from_sqlite conflicts with another connection that
+    wrote one of the batch's pending writes (the very record the migration
+    writes): the batch is rerun, not raised (it went through write(), where
+    this is a StoreConflictError or a lock wait),
+    the rerun finds that write present, and the store and the counts are
+    exactly a clean migration's (nothing applied or counted twice)."""
+    from kvsaver import schema as S
+    from kvsaver.migrate import migrate_from_sqlite
+    from migrate_helpers import populate, sqlite_saver, store_image
+
+    path = str(tmp_path / "source.sqlite")
+    src = sqlite_saver(path)
+    populate(src, chat_threads=1)
+    src.conn.close()
+    ref_table = unique_table("ref")
+    try:
+        with KVSaver(postgres_url, table=ref_table) as ref:
+            clean = migrate_from_sqlite(path, ref, verify=False)
+            want = store_image(ref.store)
+        lo, hi = S.keyspace_range(S.WRITE)
+        wkey = next(k for k in sorted(want) if lo <= k < hi)
+        # Speculating (the default): the batch's reads are guesses checked
+        # by the guard in its one statement, which finds the other's write.
+        store = _Interleaved(postgres_url, table=table)
+        saver = KVSaver(store)
+        try:
+            # When the batch is about to commit, another connection writes
+            # one of its pending writes (the record the migration writes).
+            store.between = lambda: _concurrent_write(postgres_url, table, wkey, want[wkey])
+            store.at, store.attempts = 1, 0
+            stats = migrate_from_sqlite(path, saver, verify=False)
+            assert store.attempts == 2  # one batch, rerun once
+            assert stats.writes_present == 1 and stats.writes_copied == clean.writes_copied - 1
+            assert stats.checkpoints_copied == clean.checkpoints_copied > 0
+            assert stats.blobs_written == clean.blobs_written
+            assert store_image(store) == want
+        finally:
+            saver.close()
+    finally:
+        drop_tables(postgres_url, [ref_table])
