@@ -691,8 +691,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         task_path = _id(task_path, "put_writes: task_path")
         # zstd with a dictionary (issue #15), not kept in the cache of
         # decompressed values: a write is read only when its checkpoint is
-        # resumed (issue #13). The codec remembered for this serde: no
-        # WeakKeyDictionary lookup per call.
+        # resumed (issue #13). The codec remembered for this serde (_codec).
         dumps = functools.partial(self._codec().dumps_small, remember=False)
         idxs = [WRITES_IDX_MAP.get(channel, idx) for idx, (channel, _) in enumerate(writes)]
         keys = S.write_keys(thread, ns, checkpoint_id, task_id, idxs)
