@@ -291,9 +291,14 @@ class CompressingSerializer(SerializerProtocol):
     def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
         return self.compress_typed(*self.serde.dumps_typed(obj))
 
-    def compress_small(self, typ: str, data: bytes) -> tuple[str, bytes]:
+    def compress_small(self, typ: str, data: bytes, *, remember: bool = True) -> tuple[str, bytes]:
         """``compress_typed``, and below the threshold (from ``SMALL_MIN``
-        bytes) zstd with ``SMALL_DICT`` when it saves 1/16 (``".zd1"``)."""
+        bytes) zstd with ``SMALL_DICT`` when it saves 1/16 (``".zd1"``).
+        ``remember=False``: the frame is not put in the cache of decompressed
+        values, for bytes no read looks up there soon (issue #13: a delta
+        piece is read through ``delta``'s own cache, a pending write only when
+        its checkpoint is resumed), so a put does not pay the cache's lock,
+        insertion and evictions for nothing."""
         if self.threshold is None or len(data) >= self.threshold or len(data) < SMALL_MIN:
             return self.compress_typed(typ, data)
         if typ.endswith((SUFFIX, DICT_SUFFIX)):
@@ -301,7 +306,8 @@ class CompressingSerializer(SerializerProtocol):
         packed = self._compress(data, small=True)
         if len(packed) > len(data) - (len(data) >> 4):
             return typ, data
-        self._inflated_small.add(packed, data)
+        if remember:
+            self._inflated_small.add(packed, data)
         return typ + DICT_SUFFIX, packed
 
     def loads_typed(self, data: tuple[str, bytes]) -> Any:

@@ -235,6 +235,10 @@ class Pending(NamedTuple):
     key: bytes
     raw: bytes | None
     plain: bytes | None
+    # Issue #13: the delta made before the transaction on the base this
+    # process cached at its previous put: (base key, base record as cached,
+    # delta record). ``write`` takes it when the stored base is that record.
+    spec: tuple[bytes, bytes, bytes] | None = None
 
 
 class Codec:
@@ -270,20 +274,20 @@ class Codec:
             typ = f"{typ}+{name}"
         return typ, data
 
-    def dumps_small(self, value: Any) -> S.Typed:
+    def dumps_small(self, value: Any, *, remember: bool = True) -> S.Typed:
         """``serde.dumps_typed`` for a checkpoint, a pending write or the
         graph's input (``__start__``): a value under the compression
         threshold is compressed with zstd's dictionary of checkpoint and
         message bytes when that pays (``compression.compress_small``),
-        inside any encryption."""
+        inside any encryption. ``remember``: see ``compress_small``."""
         if self.comp is None:
             return self.serde.dumps_typed(value)
-        return self.wrap_small(*self.comp.serde.dumps_typed(value))
+        return self.wrap_small(*self.comp.serde.dumps_typed(value), remember=remember)
 
-    def wrap_small(self, typ: str, data: bytes) -> S.Typed:
+    def wrap_small(self, typ: str, data: bytes, *, remember: bool = True) -> S.Typed:
         """``wrap`` with ``compress_small`` for the compression."""
         if self.comp is not None:
-            typ, data = self.comp.compress_small(typ, data)
+            typ, data = self.comp.compress_small(typ, data, remember=remember)
         if self.enc is not None:
             name, data = self.enc.cipher.encrypt(data)
             typ = f"{typ}+{name}"
@@ -406,9 +410,12 @@ class Codec:
         new_versions: Mapping[str, Any],
         values: Mapping[str, Any],
         dumps: Any,
+        parent_id: Any = None,
     ) -> list[Pending]:
         """Serialize a put's changed channels (before its transaction): a list
-        of at least ``min_bytes`` becomes plain msgpack, the rest records."""
+        of at least ``min_bytes`` becomes plain msgpack, the rest records.
+        ``parent_id``: a list that extends the version this process cached at
+        the put of that checkpoint gets its delta made here too (``_speculate``)."""
         out = []
         for ch, key in S.blob_keys(thread, ns, new_versions, new=True):
             if ch not in values:
@@ -418,7 +425,8 @@ class Codec:
             if self.enabled and type(v) is list:
                 typ, data = self.inner.dumps_typed(v)
                 if typ == "msgpack" and len(data) >= self.min_bytes and header(data):
-                    out.append(Pending(ch, key, None, data))
+                    spec = self._speculate(thread, ns, parent_id, ch, key, data)
+                    out.append(Pending(ch, key, None, data, spec))
                 else:
                     out.append(Pending(ch, key, S.encode_blob(self.wrap(typ, data)), None))
                 continue
@@ -483,7 +491,11 @@ class Codec:
             ref = parent.get(p.channel)
             raw = None
             if ref is not None:
-                raw = self._delta(txn, p, S.blob_key(thread, ns, p.channel, ref), ref, get)
+                bkey = S.blob_key(thread, ns, p.channel, ref)
+                if p.spec is not None and p.spec[0] == bkey and get(bkey) == p.spec[1]:
+                    raw = p.spec[2]  # made on this very base record: the same bytes
+                else:
+                    raw = self._delta(txn, p, bkey, ref, get)
             if raw is None:
                 raw = S.encode_blob(self.wrap("msgpack", p.plain))
                 self.recent.add(p.key, _Entry(raw, None, 0, p.plain))
@@ -505,10 +517,51 @@ class Codec:
         if braw is None:
             return None
         base = self._try_resolve(txn, bkey, braw)
-        if base is None or base.depth + 1 >= self.max_chain:
+        if base is None:
+            return None
+        return self._make_delta(p, bkey, ref, base, (txn, braw, get))
+
+    def _speculate(
+        self, thread: str, ns: str, parent_id: Any, ch: str, key: bytes, plain: bytes
+    ) -> tuple[bytes, bytes, bytes] | None:
+        """Issue #13: the delta of a put's list on the version of its channel
+        at the parent checkpoint, made before the transaction from what this
+        process cached (the parent's versions at its put, the base's rebuilt
+        value), so its zstd call is made beside the checkpoint record's and
+        not inside the transaction. None when anything is not in memory."""
+        if not parent_id:
+            return None
+        parent = self._versions.get((thread, ns, str(parent_id)))
+        ref = parent.get(ch) if parent is not None else None
+        if ref is None:
+            return None
+        bkey = S.blob_key(thread, ns, ch, ref)
+        base = self.recent.items.get(bkey)
+        if base is None or bkey == key:
+            return None
+        raw = self._make_delta(Pending(ch, key, None, plain), bkey, ref, base)
+        return None if raw is None else (bkey, base.raw, raw)
+
+    def _make_delta(
+        self,
+        p: Pending,
+        bkey: bytes,
+        ref: Any,
+        base: _Entry,
+        store: tuple[Any, bytes, Callable[[bytes], bytes | None]] | None = None,
+    ) -> bytes | None:
+        """The delta record of ``p`` on ``base``, the value at ``bkey``, or
+        None. ``store``: (txn, the base's stored record, get) in the
+        transaction; without it (``_speculate``) a long step, whose base is
+        read from the store, is left to the transaction (None)."""
+        assert p.plain is not None
+        if base.depth + 1 >= self.max_chain:
             return None
         depth = base.depth + 1
         if self.stride > 1 and depth % self.stride == 0:
+            if store is None:
+                return None
+            txn, braw, get = store
             # A long step: on the version ``stride`` back, so a read of any
             # version joins at most stride - 1 short steps and then
             # max_chain / stride long ones ("Chains" in the module docstring).
@@ -528,7 +581,8 @@ class Codec:
         # A piece is a message or two: worth compressing from PIECE_THRESHOLD,
         # with the dictionary of message bytes (compression.SMALL_DICT): a
         # 479-byte chat message's msgpack becomes 232 bytes (zstd alone: 331).
-        typ, piece = self.wrap_small("msgpack", p.plain[new[1] + len(elems) :])
+        # remember=False: pieces are read by _piece_reader, never via that cache.
+        typ, piece = self.wrap_small("msgpack", p.plain[new[1] + len(elems) :], remember=False)
         h = hashlib.blake2b(digest, digest_size=_DIGEST)
         h.update(typ.encode())
         h.update(b"\x00")

@@ -621,8 +621,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         checkpoint_id = _id(cp["id"], "put: checkpoint['id']")
         # Lists as plain msgpack: stored as deltas where they extend (issue #15).
         codec = self._codec()
-        blobs = codec.prepare(thread, ns, new_versions, values, dumps)
         parent_id = conf.get("checkpoint_id")
+        blobs = codec.prepare(thread, ns, new_versions, values, dumps, parent_id)
         rec = S.make_checkpoint_record(
             thread,
             ns,
@@ -689,7 +689,10 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         checkpoint_id = _id(checkpoint_id, "put_writes: checkpoint_id")
         task_id = _id(task_id, "put_writes: task_id")
         task_path = _id(task_path, "put_writes: task_path")
-        dumps = D.codec(self.serde).dumps_small  # zstd with a dictionary (issue #15)
+        # zstd with a dictionary (issue #15), not kept in the cache of
+        # decompressed values: a write is read only when its checkpoint is
+        # resumed (issue #13). The codec remembered for this serde (_codec).
+        dumps = functools.partial(self._codec().dumps_small, remember=False)
         idxs = [WRITES_IDX_MAP.get(channel, idx) for idx, (channel, _) in enumerate(writes)]
         keys = S.write_keys(thread, ns, checkpoint_id, task_id, idxs)
         entries = [

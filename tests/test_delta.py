@@ -708,6 +708,108 @@ def test_small_records_are_compressed_with_the_dictionary() -> None:
     assert [s.values for s in fresh.get_state_history(cfg)] == want
 
 
+def test_only_checkpoint_records_enter_the_small_frame_cache() -> None:
+    """Issue #13: a put or put_writes does not pay the decompression cache's
+    lock, insertion and evictions for frames no read looks up there: delta
+    pieces (read by the delta layer, into its own cache) and pending writes
+    (read only when their checkpoint is resumed). A checkpoint record, which
+    the next get_tuple of the thread reads, is still kept; and every state
+    reads back the same, also through a fresh serializer."""
+    saver = KVSaver(":memory:")
+    graph = _chat_graph(saver, "t", 6)
+    cached = saver.serde._inflated_small.items  # type: ignore[attr-defined]
+    frames: dict[str, list[bytes]] = {"checkpoint": [], "write": [], "piece": []}
+    with saver.store.read() as txn:
+        for _, raw in txn.scan(*S.keyspace_range(S.CHECKPOINT)):
+            frames["checkpoint"].append(S.decode_checkpoint(raw).checkpoint[1])
+        for _, raw in txn.scan(*S.keyspace_range(S.WRITE)):
+            if (w := S.decode_write(raw)).channel == "messages":
+                frames["write"].append(w.value[1])
+        for _, raw in txn.scan(*S.keyspace_range(S.BLOB)):
+            if D.is_delta(raw):
+                frames["piece"].append(D.decode(raw).piece)
+    assert all(frames.values()), {k: len(v) for k, v in frames.items()}
+    assert all(f in cached for f in frames["checkpoint"])
+    assert not any(f in cached for f in frames["write"] + frames["piece"])
+    cfg = {"configurable": {"thread_id": "t"}}
+    want = [s.values for s in _chat_graph(InMemorySaver(), "t", 6).get_state_history(cfg)]
+    assert [s.values for s in graph.get_state_history(cfg)] == want
+    fresh = _chat_graph(_fresh(saver), "u", 0)
+    assert [s.values for s in fresh.get_state_history(cfg)] == want
+
+
+def _list_puts(saver: KVSaver, thread: str, lists: list[list[Any]], start: int = 0) -> None:
+    """One checkpoint per list (ids and versions from ``start``), each the
+    child of the one before, the list as its "messages" channel."""
+    for i, msgs in enumerate(lists, start):
+        cp = empty_checkpoint()
+        cp["id"] = f"{i:012}"
+        version = f"{i + 1:032}.{0:016}"
+        cp["channel_versions"] = {"messages": version}
+        cp["channel_values"] = {"messages": msgs}
+        parent = f"{i - 1:012}" if i else None
+        saver.put(_cfg(thread, parent), cp, {"source": "loop", "step": i}, {"messages": version})
+
+
+def _counting_deltas(saver: KVSaver) -> list[int]:
+    """Counts the deltas made inside put's transaction (``Codec._delta``)."""
+    codec = D.codec(saver.serde)
+    made = [0]
+    inner = codec._delta
+
+    def counted(*args: Any) -> Any:
+        made[0] += 1
+        return inner(*args)
+
+    codec._delta = counted  # type: ignore[method-assign]
+    return made
+
+
+def test_a_put_makes_its_delta_before_the_transaction_from_its_own_cache() -> None:
+    """Issue #13: the delta of a list that extends the version this process
+    put at the parent checkpoint is made before the transaction, from the
+    codec's cache (so its zstd call is not made inside the transaction), and
+    it is the same record, byte for byte, as the one made in the transaction.
+    A long step (every STRIDE-th depth: its base is read from the store) is
+    still made in the transaction."""
+    lists = [[_message(j, True) for j in range(i + 2)] for i in range(20)]
+    ahead, inside = KVSaver(":memory:"), KVSaver(":memory:")
+    D.codec(inside.serde)._speculate = lambda *a: None  # type: ignore[method-assign]
+    made_ahead, made_inside = _counting_deltas(ahead), _counting_deltas(inside)
+    _list_puts(ahead, "t", lists)
+    _list_puts(inside, "t", lists)
+    with ahead.store.read() as a, inside.store.read() as b:
+        blobs = list(a.scan(*S.keyspace_range(S.BLOB)))
+        assert blobs == list(b.scan(*S.keyspace_range(S.BLOB)))
+    assert sum(D.is_delta(raw) for _, raw in blobs) >= 18
+    long_steps = made_inside[0] // D.STRIDE
+    assert made_inside[0] >= 18 and made_ahead[0] == long_steps >= 1
+    for i, msgs in enumerate(lists):
+        got = _fresh(ahead).get_tuple(_cfg("t", f"{i:012}"))
+        assert got is not None and got.checkpoint["channel_values"]["messages"] == msgs
+
+
+def test_a_delta_made_ahead_is_not_used_on_a_base_stored_since_by_another_saver() -> None:
+    """The delta made before the transaction rests on this process's cache;
+    when another saver (another process) has since stored other content at
+    that base version, the transaction sees a different base record and
+    makes the delta again on what is stored (here: stores the list whole)."""
+    a = KVSaver(":memory:")
+    b = KVSaver(a.store)  # its own serializer, so its own codec and cache
+    first = [_message(j, True) for j in range(3)]
+    _list_puts(a, "t", [first, [*first, _message(3, True)]])
+    other = [*first, _message(30, True)]  # the same version 2, other content
+    _list_puts(b, "t", [other], start=1)
+    made = _counting_deltas(a)
+    third = [*first, _message(3, True), _message(4, True)]  # extends a's version 2 only
+    _list_puts(a, "t", [third], start=2)
+    assert made[0] == 1  # made again in the transaction, on the stored base
+    fresh = _fresh(a)
+    for i, msgs in enumerate([first, other, third]):
+        got = fresh.get_tuple(_cfg("t", f"{i:012}"))
+        assert got is not None and got.checkpoint["channel_values"]["messages"] == msgs
+
+
 def test_small_records_with_encryption_and_without_compression() -> None:
     serde = EncryptedSerializer(_Xor())
     enc = KVSaver(":memory:", serde=serde)
