@@ -90,8 +90,12 @@ def main() -> None:
     savers = {v: KVSaver(os.path.join(root, v)) for v in names}
     pool = ThreadPoolExecutor(8)
     res: dict[str, dict[str, list[float]]] = {
-        v: {"8 threads: ops/s": [], "8 threads: CPU/op us": [], "1 thread: ops/s": [],
-            "1 thread: CPU/op us": []}
+        v: {
+            "8 threads: ops/s": [],
+            "8 threads: CPU/op us": [],
+            "1 thread: ops/s": [],
+            "1 thread: CPU/op us": [],
+        }
         for v in names
     }
     plain = build_agent(None)
@@ -104,7 +108,7 @@ def main() -> None:
     supersteps = args.graph * (2 * LOOP_TURNS + 1)
     try:
         for r in range(args.rounds + 1):  # round 0: warm-up, discarded
-            order = names[r % len(names):] + names[: r % len(names)]
+            order = names[r % len(names) :] + names[: r % len(names)]
             for v in order:
                 _install(v)
                 for label, threads, per in (("8 threads", 8, 25), ("1 thread", 1, 200)):
@@ -135,15 +139,26 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     base = names[0]
     print(f"rounds {args.rounds}, load average at the end {os.getloadavg()}")
-    print("| measure | " + " | ".join(names) + " | " + " | ".join(
-        f"{v} / {base}" for v in names[1:]) + " |")
+    print(
+        "| measure | "
+        + " | ".join(names)
+        + " | "
+        + " | ".join(f"{v} / {base}" for v in names[1:])
+        + " |"
+    )
     print("|---|" + "---:|" * (2 * len(names) - 1))
     for m in res[base]:
         meds = [statistics.median(res[v][m]) for v in names]
-        ratios = [statistics.median([a / b for a, b in zip(res[v][m], res[base][m])])
-                  for v in names[1:]]
-        print(f"| {m} | " + " | ".join(f"{x:,.1f}" for x in meds) + " | "
-              + " | ".join(f"{x:.3f}" for x in ratios) + " |")
+        ratios = [
+            statistics.median([a / b for a, b in zip(res[v][m], res[base][m])]) for v in names[1:]
+        ]
+        print(
+            f"| {m} | "
+            + " | ".join(f"{x:,.1f}" for x in meds)
+            + " | "
+            + " | ".join(f"{x:.3f}" for x in ratios)
+            + " |"
+        )
 
 
 if __name__ == "__main__":
