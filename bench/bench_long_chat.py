@@ -36,6 +36,7 @@ Results go to bench/results/long_chat.json.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -132,7 +133,11 @@ def _reads(savers: dict[str, Any], threads: list[str], rounds: int) -> dict[str,
     median seconds, and "kv cold" through a fresh serializer each time. Also
     process CPU time (``cpu_*``): the median of each saver's per-read ratio
     to SqliteSaver's read in the same round, which a loaded machine (other
-    processes taking the cores) moves much less than wall time."""
+    processes taking the cores) moves much less than wall time. Each read
+    starts after a full garbage collection: a read of hundreds of messages
+    triggers collections, and one that lands on a full collection pays for
+    the whole process's heap (the 500-turn chat's warm reads measured slower
+    than its cold ones for that)."""
     names = [*savers, *(["kv cold"] if "kv" in savers else [])]
     times: dict[str, list[float]] = {n: [] for n in names}
     cpu: dict[str, list[float]] = {n: [] for n in names}
@@ -145,6 +150,7 @@ def _reads(savers: dict[str, Any], threads: list[str], rounds: int) -> dict[str,
                 serde = saver.serde
                 if n == "kv cold":
                     saver.serde = C.wrap(JsonPlusSerializer())
+                gc.collect()
                 c0 = time.process_time()
                 t0 = time.perf_counter()
                 tup = saver.get_tuple(cfg)
