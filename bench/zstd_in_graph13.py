@@ -24,14 +24,14 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _workloads import build_agent, run_invokes, run_loop
+import ab_methods13
+from _workloads import run_invokes, run_loop
 from kvsaver import KVSaver
 from langgraph.checkpoint.memory import InMemorySaver
 
@@ -70,24 +70,13 @@ def _kvsaver(kind: str) -> Callable[[], Any]:
 
 
 def _run(make: Callable[[], Any], run: Any, tag: str, threads: int) -> dict[str, float]:
-    saver = make()
-    spent: dict[str, float] = defaultdict(float)
-    for name in ("put", "put_writes"):
-        fn = getattr(saver, name)
-
-        def timed(*a: Any, _fn: Any = fn, _name: str = name, **kw: Any) -> Any:
-            t0 = time.thread_time()
-            try:
-                return _fn(*a, **kw)
-            finally:
-                spent[_name] += time.thread_time() - t0
-
-        setattr(saver, name, timed)
-    t0 = time.process_time()
-    run(build_agent(saver), tag, True, threads=threads)
-    spent["process"] = time.process_time() - t0
-    steps = sum(1 for _ in saver.list(None))
-    return {k: v / steps * 1e6 for k, v in spent.items()}
+    """put's and put_writes' thread CPU and the process CPU, per checkpoint (µs)."""
+    out = ab_methods13._run(make, run, tag, threads, methods=("put", "put_writes"))
+    return {
+        "put": out["put"],
+        "put_writes": out["put_writes"],
+        "process": out["process"] / out["steps"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
