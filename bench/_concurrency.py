@@ -93,14 +93,18 @@ def _reader(
     close_saver(saver)
 
 
-def readers_writer(name: str, workdir: str, readers: int = 3, window: float = 3.0) -> dict:
-    """Throughput of ``readers`` reader processes and one writer process."""
+def run_readers_writer(
+    writer: Any, reader: Any, name: str, workdir: str, readers: int, window: float
+) -> tuple[Any, list[Any]]:
+    """Start ``writer`` and ``readers`` x ``reader`` processes (spawned; each
+    posts one result tuple whose first element is "writer" or "reader"), wait
+    for them: (the writer's result, the readers' results)."""
     ctx = mp.get_context("spawn")
     ready, out = ctx.Event(), ctx.Queue()
     barrier = ctx.Barrier(readers + 1)
-    procs = [ctx.Process(target=_writer, args=(name, workdir, ready, barrier, window, out))]
+    procs = [ctx.Process(target=writer, args=(name, workdir, ready, barrier, window, out))]
     procs += [
-        ctx.Process(target=_reader, args=(name, workdir, i, ready, barrier, window, out))
+        ctx.Process(target=reader, args=(name, workdir, i, ready, barrier, window, out))
         for i in range(readers)
     ]
     for p in procs:
@@ -109,7 +113,12 @@ def readers_writer(name: str, workdir: str, readers: int = 3, window: float = 3.
     for p in procs:
         p.join(timeout=60)
     w = next(r for r in results if r[0] == "writer")
-    rs = [r for r in results if r[0] == "reader"]
+    return w, [r for r in results if r[0] == "reader"]
+
+
+def readers_writer(name: str, workdir: str, readers: int = 3, window: float = 3.0) -> dict:
+    """Throughput of ``readers`` reader processes and one writer process."""
+    w, rs = run_readers_writer(_writer, _reader, name, workdir, readers, window)
     return {
         "readers": readers,
         "window_s": window,

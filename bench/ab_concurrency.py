@@ -25,7 +25,6 @@ disturbs far less than throughput, and the read begins per read.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import random
 import shutil
@@ -111,21 +110,7 @@ def _reader(
 def one_run(variant: str, window: float, readers: int = 3) -> dict[str, float]:
     workdir = tempfile.mkdtemp(prefix=f"ab-{variant}-")
     try:
-        ctx = mp.get_context("spawn")
-        ready, out = ctx.Event(), ctx.Queue()
-        barrier = ctx.Barrier(readers + 1)
-        procs = [ctx.Process(target=_writer, args=(variant, workdir, ready, barrier, window, out))]
-        procs += [
-            ctx.Process(target=_reader, args=(variant, workdir, i, ready, barrier, window, out))
-            for i in range(readers)
-        ]
-        for p in procs:
-            p.start()
-        results = [out.get(timeout=300) for _ in procs]
-        for p in procs:
-            p.join(60)
-        w = next(r for r in results if r[0] == "writer")
-        rs = [r for r in results if r[0] == "reader"]
+        w, rs = C.run_readers_writer(_writer, _reader, variant, workdir, readers, window)
         return {
             "reads/s": sum(r[1] / r[2] for r in rs),
             "cpu_us/read": statistics.mean(r[3] for r in rs) * 1e6,
