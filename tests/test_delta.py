@@ -670,24 +670,40 @@ def _chat_graph(saver: Any, thread: str, turns: int) -> Any:
     return graph
 
 
+def _small_records(saver: KVSaver) -> dict[str, list[tuple[str, bytes, int]]]:
+    """(serde type, stored bytes, depth) of every stored checkpoint, pending
+    write of "messages", delta piece and ``__start__`` blob (depth: a
+    piece's; 0 for the others)."""
+    out: dict[str, list[tuple[str, bytes, int]]] = {
+        "checkpoint": [],
+        "write": [],
+        "piece": [],
+        "start": [],
+    }
+    with saver.store.read() as txn:
+        for _, raw in txn.scan(*S.keyspace_range(S.CHECKPOINT)):
+            out["checkpoint"].append((*S.decode_checkpoint(raw).checkpoint, 0))
+        for _, raw in txn.scan(*S.keyspace_range(S.WRITE)):
+            if (w := S.decode_write(raw)).channel == "messages":
+                out["write"].append((*w.value, 0))
+        for key, raw in txn.scan(*S.keyspace_range(S.BLOB)):
+            if D.is_delta(raw):
+                rec = D.decode(raw)
+                out["piece"].append((rec.typ, rec.piece, rec.depth))
+            elif b"__start__" in key and (typed := S.decode_blob(raw)) is not None:
+                out["start"].append((*typed, 0))
+    return out
+
+
 def _stored_types(saver: KVSaver) -> dict[str, list[str]]:
     """Serde types of every stored checkpoint, pending write of "messages",
     delta piece of one step (a long step's piece spans ``STRIDE`` versions:
     from 2 KiB it is compressed as any value is, ".zst") and non-empty
     ``__start__`` blob."""
-    out: dict[str, list[str]] = {"checkpoint": [], "write": [], "piece": [], "start": []}
-    with saver.store.read() as txn:
-        for _, raw in txn.scan(*S.keyspace_range(S.CHECKPOINT)):
-            out["checkpoint"].append(S.decode_checkpoint(raw).checkpoint[0])
-        for _, raw in txn.scan(*S.keyspace_range(S.WRITE)):
-            if (w := S.decode_write(raw)).channel == "messages":
-                out["write"].append(w.value[0])
-        for key, raw in txn.scan(*S.keyspace_range(S.BLOB)):
-            if D.is_delta(raw) and D.decode(raw).depth % D.STRIDE:
-                out["piece"].append(D.decode(raw).typ)
-            elif b"__start__" in key and (typed := S.decode_blob(raw)) is not None:
-                out["start"].append(typed[0])
-    return out
+    return {
+        kind: [t for t, _, depth in recs if kind != "piece" or depth % D.STRIDE]
+        for kind, recs in _small_records(saver).items()
+    }
 
 
 def test_small_records_are_compressed_with_the_dictionary() -> None:
@@ -718,16 +734,7 @@ def test_only_checkpoint_records_enter_the_small_frame_cache() -> None:
     saver = KVSaver(":memory:")
     graph = _chat_graph(saver, "t", 6)
     cached = saver.serde._inflated_small.items  # type: ignore[attr-defined]
-    frames: dict[str, list[bytes]] = {"checkpoint": [], "write": [], "piece": []}
-    with saver.store.read() as txn:
-        for _, raw in txn.scan(*S.keyspace_range(S.CHECKPOINT)):
-            frames["checkpoint"].append(S.decode_checkpoint(raw).checkpoint[1])
-        for _, raw in txn.scan(*S.keyspace_range(S.WRITE)):
-            if (w := S.decode_write(raw)).channel == "messages":
-                frames["write"].append(w.value[1])
-        for _, raw in txn.scan(*S.keyspace_range(S.BLOB)):
-            if D.is_delta(raw):
-                frames["piece"].append(D.decode(raw).piece)
+    frames = {k: [b for _, b, _ in v] for k, v in _small_records(saver).items() if k != "start"}
     assert all(frames.values()), {k: len(v) for k, v in frames.items()}
     assert all(f in cached for f in frames["checkpoint"])
     assert not any(f in cached for f in frames["write"] + frames["piece"])
