@@ -118,6 +118,7 @@ from langgraph.constants import START
 
 from . import compression as C
 from . import schema as S
+from ._msgpack import header, make_header
 from .compression import CompressingSerializer
 
 __all__ = ["MARK", "MAX_CHAIN", "MIN_BYTES", "Codec", "base_key", "codec", "is_delta"]
@@ -158,28 +159,6 @@ def encode(rec: DeltaRecord) -> bytes:
 def base_key(key: bytes, raw: bytes) -> bytes:
     """The key of a delta record's base."""
     return S.sibling_blob_key(key, decode(raw).ref)
-
-
-def header(data: bytes) -> tuple[int, int] | None:
-    """(element count, header length) of a msgpack array, else None."""
-    if not data:
-        return None
-    b = data[0]
-    if 0x90 <= b <= 0x9F:
-        return b & 0x0F, 1
-    if b == 0xDC and len(data) >= 3:
-        return int.from_bytes(data[1:3], "big"), 3
-    if b == 0xDD and len(data) >= 5:
-        return int.from_bytes(data[1:5], "big"), 5
-    return None
-
-
-def make_header(n: int) -> bytes:
-    if n < 16:
-        return bytes((0x90 | n,))
-    if n < 1 << 16:
-        return b"\xdc" + n.to_bytes(2, "big")
-    return b"\xdd" + n.to_bytes(4, "big")
 
 
 class _Entry(NamedTuple):

@@ -43,6 +43,8 @@ from typing import Any
 import ormsgpack
 from langgraph.checkpoint.serde.jsonplus import EXT_PYDANTIC_V2
 
+from ._msgpack import header, str_at
+
 __all__ = ["fast_hook"]
 
 Hook = Callable[[int, bytes], Any]
@@ -99,35 +101,14 @@ def _fast_class(module: str, name: str) -> Any:
     return cls
 
 
-def _str_at(data: bytes, i: int) -> tuple[str, int]:
-    """The msgpack string at ``data[i]`` and the offset after it (ValueError
-    when it is not a string)."""
-    b = data[i]
-    if 0xA0 <= b <= 0xBF:
-        n, i = b & 0x1F, i + 1
-    elif b == 0xD9:
-        n, i = data[i + 1], i + 2
-    elif b == 0xDA:
-        n, i = int.from_bytes(data[i + 1 : i + 3], "big"), i + 3
-    else:
-        raise ValueError("not a short msgpack string")
-    if i + n > len(data):
-        raise ValueError("a truncated msgpack string")
-    return data[i : i + n].decode("utf-8"), i + n
-
-
 def _head(data: bytes) -> tuple[str, str]:
     """(module, class name): the first two elements of a pydantic record's
     msgpack array, read without decoding the rest (ValueError otherwise)."""
-    b = data[0]
-    if 0x93 <= b <= 0x9F:
-        i = 1
-    elif b == 0xDC:
-        i = 3
-    else:
+    h = header(data)
+    if h is None or h[0] < 3:
         raise ValueError("not a msgpack array of 3 or more")
-    module, i = _str_at(data, i)
-    name, _ = _str_at(data, i)
+    module, i = str_at(data, h[1])
+    name, _ = str_at(data, i)
     return module, name
 
 
