@@ -112,7 +112,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import ormsgpack
 from kvsaver.kv import CorruptStoreError
@@ -135,6 +135,8 @@ EMPTY_TYPE = "empty"
 Typed = tuple[str, bytes]
 
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 _K_CACHE: dict[str, str | bytes] = {}
 
 
@@ -152,9 +154,7 @@ def k(s: str) -> str | bytes:
             if len(raw) + raw.count(0) <= _MAX_INLINE
             else (raw[:24] + hashlib.sha256(raw).digest()[:16])
         )
-        if len(_K_CACHE) >= 16384:
-            _K_CACHE.clear()
-        _K_CACHE[s] = elem
+        _memo(_K_CACHE, s, elem)
     return elem
 
 
@@ -182,10 +182,7 @@ def _thread_ns_prefix(kind: str, thread: str, ns: str) -> bytes:
     mark = (kind, thread, ns)
     prefix = _TN_CACHE.get(mark)
     if prefix is None:
-        prefix = pack((kind, k(thread), k(ns)))
-        if len(_TN_CACHE) >= 16384:
-            _TN_CACHE.clear()
-        _TN_CACHE[mark] = prefix
+        prefix = _memo(_TN_CACHE, mark, pack((kind, k(thread), k(ns))))
     return prefix
 
 
@@ -231,7 +228,9 @@ def _blob_suffix(ch: str, v: Any) -> bytes:
     return ce + ve
 
 
-def _memo(cache: dict[str, bytes], key: str, value: bytes) -> bytes:
+def _memo(cache: dict[_K, _V], key: _K, value: _V) -> _V:
+    """``cache[key] = value``, the cache emptied first when it holds 16,384
+    entries (the memos of key elements and prefixes here)."""
     if len(cache) >= 16384:
         cache.clear()
     cache[key] = value
@@ -489,21 +488,20 @@ def index_keys(rec: CheckpointRecord) -> list[bytes]:
     if rec.run_id is not None:
         keys.append(run_key(rec.run_id, t, ns, cid))
     for e in rec.meta:
-        mark = (e[0], type(e[1]), e[1])  # 1 == 1.0 == True, but their encodings differ
+        # 1 == 1.0, but their encodings differ; the type's name, not the type:
+        # a tuple holding a type stays tracked by the garbage collector.
+        mark = (e[0], type(e[1]).__name__, e[1])
         prefix = _META_PREFIXES.get(mark)
         if prefix is None:
-            prefix = pack((META, e[0], e[1]))
-            if len(_META_PREFIXES) >= 16384:
-                _META_PREFIXES.clear()
-            _META_PREFIXES[mark] = prefix
+            prefix = _memo(_META_PREFIXES, mark, pack((META, e[0], e[1])))
         keys.append(prefix + tail)
     return keys
 
 
 _BY_ID_PREFIX = pack((BY_ID,))
-# (key, type, value) -> packed (META, key, value): the same few metadata
+# (key, type name, value) -> packed (META, key, value): the same few metadata
 # values ("source": "loop", small "step"s) are indexed at every put.
-_META_PREFIXES: dict[tuple[Any, type, Any], bytes] = {}
+_META_PREFIXES: dict[tuple[Any, str, Any], bytes] = {}
 
 
 def encode_checkpoint(rec: CheckpointRecord) -> bytes:
