@@ -593,16 +593,6 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
 
     # -- writes -------------------------------------------------------------
 
-    _codec_of: tuple[Any, D.Codec] | None = None
-
-    def _codec(self) -> D.Codec:
-        """``D.codec(self.serde)``, remembered for this serde (a clone with
-        another serde, ``with_allowlist``, finds it is not its own)."""
-        pair = self._codec_of
-        if pair is None or pair[0] is not self.serde:
-            pair = self._codec_of = (self.serde, D.codec(self.serde))
-        return pair[1]
-
     def put(
         self,
         config: RunnableConfig,
@@ -620,7 +610,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         values: dict[str, Any] = cp.pop("channel_values", None) or {}
         checkpoint_id = _id(cp["id"], "put: checkpoint['id']")
         # Lists as plain msgpack: stored as deltas where they extend (issue #15).
-        codec = self._codec()
+        codec = D.codec(self.serde)  # kept on the serializer: one per serde
         parent_id = conf.get("checkpoint_id")
         blobs = codec.prepare(thread, ns, new_versions, values, dumps, parent_id)
         rec = S.make_checkpoint_record(
@@ -691,8 +681,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         task_path = _id(task_path, "put_writes: task_path")
         # zstd with a dictionary (issue #15), not kept in the cache of
         # decompressed values: a write is read only when its checkpoint is
-        # resumed (issue #13). The codec remembered for this serde (_codec).
-        dumps = functools.partial(self._codec().dumps_small, remember=False)
+        # resumed (issue #13).
+        dumps = functools.partial(D.codec(self.serde).dumps_small, remember=False)
         idxs = [WRITES_IDX_MAP.get(channel, idx) for idx, (channel, _) in enumerate(writes)]
         keys = S.write_keys(thread, ns, checkpoint_id, task_id, idxs)
         entries = [
