@@ -785,12 +785,12 @@ class _PGTxn:
                     names = _PREPARED.setdefault(conn, set())
                 if q.write_all_name not in names:
                     pgconn.send_prepare(q.write_all_name, q.write_all_numbered)
-                    (res,) = conn.wait(execute(pgconn))
+                    res = _own_result(conn.wait(execute(pgconn)), conn)
                     if res.status != pq.ExecStatus.COMMAND_OK:
                         raise errors.error_from_result(res, encoding=conn.info.encoding)
                     names.add(q.write_all_name)
                 pgconn.send_query_prepared(q.write_all_name, values, formats, 0)
-                (res,) = conn.wait(execute(pgconn))
+                res = _own_result(conn.wait(execute(pgconn)), conn)
                 if res.status == pq.ExecStatus.TUPLES_OK:
                     return [(int(res.get_value(0, 0) or b"0"),)]
                 error = errors.error_from_result(res, encoding=conn.info.encoding)
@@ -1546,3 +1546,17 @@ class _DeadConn:
 
     closed = True
     broken = True
+
+
+def _own_result(results: Sequence[Any], conn: Any) -> Any:
+    """The result of the statement just sent: the last one. Results before
+    it belong to statements sent earlier and not read yet (a lingering
+    read's ROLLBACK, sent by the reaper while this connection was idle): seen
+    under two processes writing at once as "too many values to unpack". One
+    of those that failed fails this call too (it is not ours to ignore)."""
+    from psycopg import errors, pq
+
+    for res in results[:-1]:
+        if res.status not in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK):
+            raise errors.error_from_result(res, encoding=conn.info.encoding)
+    return results[-1]
