@@ -73,6 +73,7 @@ class TracedPool:
     def __init__(self, url: str) -> None:
         self.trace = tempfile.TemporaryFile()
         self.parses = 0  # Parse messages the last count() saw (0: prepared statements)
+        self.table_parses = 0  # those of statements on the table
 
         def configure(conn: psycopg.Connection) -> None:
             conn.pgconn.trace(self.trace.fileno())
@@ -101,7 +102,10 @@ class TracedPool:
             elif ln.startswith("B\t"):
                 run = False
         queries = sum(1 for ln in lines if ln.startswith("F\t") and "\tExecute" in ln)
-        self.parses = sum(1 for ln in lines if ln.startswith("F\t") and "\tParse" in ln)
+        parses = [ln for ln in lines if ln.startswith("F\t") and "\tParse" in ln]
+        self.parses = len(parses)
+        # Parses of statements on the table (not BEGIN, ROLLBACK, COMMIT)
+        self.table_parses = sum(1 for ln in parses if " FROM " in ln or "INSERT" in ln)
         return waits, queries
 
     def close(self) -> None:
@@ -163,6 +167,12 @@ def test_round_trips_per_operation(postgres_url: str, table: str) -> None:
         assert figures["list (limit 10)"][0] == 2  # the records; the page's writes and blobs
         held, failed = saver.store.speculations
         assert failed == 0 and held >= 20
+        # Reads are named prepared statements, parsed once per connection:
+        # executed by name from then on (planning each cost the server ~150 us).
+        for read in (lambda: saver.get_tuple(latest), lambda: list(saver.list(latest, limit=3))):
+            read()
+            traced.count(read)
+            assert traced.parses > 0 and traced.table_parses == 0  # BEGIN, ROLLBACK: unnamed
 
         # A store on its own pool: its sessions are SERIALIZABLE by default, so
         # a write-only transaction is a single statement (no BEGIN, no COMMIT).
@@ -243,11 +253,12 @@ def test_a_write_takes_its_own_result_after_earlier_unread_ones(postgres_url: st
 def test_the_prepared_write_outlives_reads_rollbacks_and_deallocate(
     postgres_url: str, table: str
 ) -> None:
-    """The write-only statement is prepared once per connection; reads whose
+    """The write-only statement and the reads' statements are prepared once
+    per connection; reads whose
     deferred ROLLBACK rides with the next write or is sent by the reaper, a
     rolled-back write, and a
-    DEALLOCATE ALL from elsewhere (a pool's reset) never leave a put naming
-    a statement the server no longer has. (With psycopg's own prepared
+    DEALLOCATE ALL from elsewhere (a pool's reset) never leave a put or a
+    read naming a statement the server no longer has. (With psycopg's own prepared
     statements, a ROLLBACK result queued a DEALLOCATE ALL that it sent just
     after preparing the next statement: "prepared statement does not exist".)"""
     from kvsaver.kv.postgres import _LINGER
@@ -270,9 +281,12 @@ def test_the_prepared_write_outlives_reads_rollbacks_and_deallocate(
             if i == 3:
                 with pytest.raises(ValueError):
                     store.transact(lambda txn: (txn.put(b"x", b"1"), int("not a number")))
-            if i == 5:
+            if i in (5, 6):
                 with store._pool.connection() as conn:  # behind psycopg's back
                     assert conn.pgconn.exec_(b"DEALLOCATE ALL").status == pq.ExecStatus.COMMAND_OK
+            if i == 6:  # the reads' prepared statements are gone too: prepared again
+                assert saver.get_tuple(config("t")).checkpoint["id"] == cid
+                assert len(list(saver.list(config("t"), limit=2))) == 2
             parent = cid
         assert [c.checkpoint["id"] for c in saver.list(config("t"))] == [
             f"{i:04d}" for i in reversed(range(8))
