@@ -229,6 +229,52 @@ def test_round_trips_per_operation(postgres_url: str, table: str) -> None:
         traced.close()
 
 
+def test_every_put_of_a_chat_is_one_round_trip_long_steps_included(
+    postgres_url: str, table: str
+) -> None:
+    """A list's delta chain takes a long step every 8th version (it extends
+    the version 8 back, saver/delta.py), found by walking the versions
+    between: they were read with a scan, a second round trip at every 8th
+    put on PostgreSQL (issue #14). Now the put reads them with its other
+    reads (from the speculation cache when this process wrote them): every
+    put is one round trip, and the records are the ones a local store gets."""
+    from kvsaver import delta
+    from kvsaver import schema as S
+    from kvsaver.kv import MemoryStore
+
+    store = PostgresStore(postgres_url, table=table)
+    saver, local = KVSaver(store), KVSaver(MemoryStore())
+    try:
+        trips = []
+        for one in (saver, local):
+            parent = None
+            for i in range(40):
+                cid = f"{i:04d}"
+                versions = {"messages": i + 1}
+                values = {"messages": [f"message {n} " * 20 for n in range(i + 1)]}
+                before = store._round_trips
+                one.put(
+                    config("t", "", parent), make_checkpoint(cid, values, versions), {}, versions
+                )
+                if one is saver and i > 0:  # the first put reads from the server
+                    trips.append(store._round_trips - before)
+                parent = cid
+        assert trips == [1] * 39
+        blobs = []
+        for one in (saver, local):
+            with one.store.read() as txn:
+                blobs.append(list(txn.scan(*S.blobs_range("t"))))
+        assert blobs[0] == blobs[1]
+        refs = {
+            delta.decode(v).depth: delta.decode(v).ref for _, v in blobs[0] if v[:1] == delta.MARK
+        }
+        # depth 8 extends the whole version (2), depth 16 the one at depth 8 (10)
+        assert (refs[7], refs[8], refs[9], refs[16]) == (8, 2, 10, 10)
+    finally:
+        store.close()
+        local.close()
+
+
 def test_a_write_takes_its_own_result_after_earlier_unread_ones(postgres_url: str) -> None:
     """``_own_result``: results of statements sent earlier and not read yet
     come first; the write's is the last. A failed earlier one fails the call.
