@@ -471,13 +471,15 @@ _NULL = _LEN.pack(-1)
 def _bytea_array(items: Sequence[bytes | None]) -> _ByteaArray:
     if not items:
         return _ByteaArray(struct.pack("!iii", 0, 0, 17))  # empty: no dimension
-    parts = [_HEAD.pack(1, any(v is None for v in items), 17, len(items), 1)]
-    for v in items:
-        if v is None:
-            parts.append(_NULL)
-        else:
-            parts.append(_LEN.pack(len(v)))
-            parts.append(v)
+    nulls = None in items
+    parts = [_HEAD.pack(1, nulls, 17, len(items), 1)]
+    pack = _LEN.pack
+    if nulls:
+        for v in items:
+            parts += (_NULL,) if v is None else (pack(len(v)), v)
+    else:
+        for v in items:
+            parts += (pack(len(v)), v)
     return _ByteaArray(b"".join(parts))
 
 
@@ -960,7 +962,7 @@ class _PGTxn:
         q = self._q
         conn = self._conn
         pgconn = conn.pgconn
-        values = [bytes(p) for p in params]
+        values = list(params)  # our arrays: bytes already, sent as they are
         formats = [1] * len(values)
         with conn.lock:
             for attempt in (0, 1):
