@@ -219,6 +219,10 @@ def test_round_trips_per_operation(postgres_url: str, table: str) -> None:
                 lambda: plain.put(config("t", "", "0025"), make_checkpoint("0026", {}, {}), {}, {})
             )
             assert put == (1, 1) and traced.parses == 1
+            # ... and its reads are parsed every time too: no named statement
+            # for a pooler to lose between transactions.
+            read = traced.count(lambda: plain.get_tuple(config("t")))
+            assert read[0] == 1 and traced.table_parses == read[1] - 1  # all but BEGIN
         finally:
             plain.store.close()
     finally:
