@@ -15,9 +15,10 @@ and highest ("rounds"), so a figure is seen with its spread:
   list:limit10     list(thread, limit=10) read through, 20 calls per round
   graph            a real LangGraph agent loop (bench/_workloads.build_agent),
                    3 threads x 30 turns, 7 rounds (3 before issue #14's rework: a
-                   figure moved by 0.3x between runs); per round, the graph without
-                   a saver, then with each saver in rotated order; overhead per
-                   superstep = (with saver - without, same round) / checkpoints
+                   figure moved by 0.3x between runs); each thread run without a
+                   saver and with each saver back to back, order rotated; per
+                   round, overhead per superstep = (with saver - without) /
+                   checkpoints
   bytes            one long chat (60 invokes of 2 agent turns, ~300 checkpoints),
                    then VACUUM FULL: table + indexes + TOAST of each saver's tables
 
@@ -63,7 +64,8 @@ CHAT_INVOKES = 60
 METHOD = (
     "ratio = median over rounds of (KVSaver's round median / PostgresSaver's round "
     "median), each round pairing the savers' calls one by one; graph: per round, "
-    "(time with the saver - time without) / checkpoints, savers in rotated order; "
+    "(time with the saver - time without) / checkpoints, each thread run without and "
+    "with every saver back to back, order rotated; "
     "'rounds': the lowest and highest per-round ratio"
 )
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "postgres.json")
@@ -170,29 +172,36 @@ def _history(saver: Any, thread: str) -> dict[str, Any]:
 
 
 def _graph(savers: dict[str, Any]) -> dict[str, list[float]]:
-    """Per round: the graph without a saver, then with each saver (order
-    rotated by round); a saver's overhead per superstep in that round =
-    (its time - that round's time without a saver) / checkpoints written."""
+    """Per round, each of the 3 threads is run (one invoke of the 30-turn
+    loop) without a saver and then with each saver, back to back, in an
+    order rotated from one thread to the next (so a change in the machine's
+    load hits every saver alike); a saver's overhead per superstep in that
+    round = (its time - the time without a saver) / checkpoints written."""
     plain = build_agent(None)
     run_loop(plain, "warm", False, threads=1)
+    graphs = {n: build_agent(s) for n, s in savers.items()}
     per: dict[str, list[float]] = {n: [] for n in savers}
-    names = list(savers)
+    order = [None, *savers]
     for r in range(GRAPH_ROUNDS):
-        t = time.perf_counter()
-        run_loop(plain, "none", False, threads=GRAPH_THREADS)
-        base = time.perf_counter() - t
-        k = r % len(names)
-        for n in names[k:] + names[:k]:
-            graph = build_agent(savers[n])
-            prefix = f"graph-{n}-{r}"
-            t = time.perf_counter()
-            run_loop(graph, prefix, True, threads=GRAPH_THREADS)
-            took = time.perf_counter() - t
-            steps = sum(
-                len(list(savers[n].list({"configurable": {"thread_id": f"{prefix}-{i}"}})))
-                for i in range(GRAPH_THREADS)
-            )
-            per[n].append((took - base) / steps)
+        took = dict.fromkeys(savers, 0.0)
+        steps = dict.fromkeys(savers, 0)
+        base = 0.0
+        for i in range(GRAPH_THREADS):
+            k = (r * GRAPH_THREADS + i) % len(order)
+            for n in order[k:] + order[:k]:
+                prefix = f"graph-{n}-{r}-{i}"
+                t = time.perf_counter()
+                run_loop(plain if n is None else graphs[n], prefix, n is not None, threads=1)
+                spent = time.perf_counter() - t
+                if n is None:
+                    base += spent
+                    continue
+                took[n] += spent
+                steps[n] += len(
+                    list(savers[n].list({"configurable": {"thread_id": f"{prefix}-0"}}))
+                )
+        for n in savers:
+            per[n].append((took[n] - base) / steps[n])
     return per
 
 
