@@ -14,7 +14,7 @@ and highest ("rounds"), so a figure is seen with its spread:
                    writes, 50 calls per round
   list:limit10     list(thread, limit=10) read through, 20 calls per round
   graph            a real LangGraph agent loop (bench/_workloads.build_agent),
-                   3 threads x 30 turns, 7 rounds (3 before issue #14's rework: a
+                   3 threads x 30 turns, 12 rounds (3 before issue #14's rework: a
                    figure moved by 0.3x between runs); each thread run without a
                    saver and with each saver back to back, order rotated; per
                    round, overhead per superstep = (with saver - without) /
@@ -54,7 +54,7 @@ from kvsaver import KVSaver
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 ROUNDS = 7
-GRAPH_ROUNDS = 7
+GRAPH_ROUNDS = 12
 PUTS = 50
 READS = 50
 LISTS = 20
