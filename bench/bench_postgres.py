@@ -24,6 +24,12 @@ and highest ("rounds"), so a figure is seen with its spread:
 
 Targets (the issue): put, get_tuple, list, graph <= 1.0x PostgresSaver; bytes <= 0.3x.
 
+The client's CPU per operation (time.process_time: the whole process, so
+psycopg's and the pool's threads too; medians as above) is printed as well: a
+put's wall time is mostly the WAL flush both savers wait for at each commit
+(one each), so on a busy disk the wall ratio tends to 1.0 whatever the client
+does, and the CPU figure shows what each saver costs the application.
+
 KVSAVER_BENCH_PG_AB=1 adds a third saver to the paired rounds: KVSaver with
 ``PostgresStore(..., prepare=False)``, whose statements are all parsed and
 planned by the server every time: the write as before it was prepared, the
@@ -134,26 +140,35 @@ def _close(savers: dict[str, Any]) -> None:
                 saver.store.close()  # a passed-in store is not closed by the saver
 
 
+Rounds = tuple[dict[str, list[float]], dict[str, list[float]]]  # wall, CPU: per round
+
+
 def _paired(
     savers: dict[str, Any], calls: Callable[[str, Any, int], list[Callable[[], Any]]]
-) -> dict[str, list[float]]:
+) -> Rounds:
     """``calls(name, saver, round)`` -> that round's operations (made untimed);
     the savers' operations run alternately, one by one (A B, then B A); the
-    median per round: seconds per operation, one figure per round."""
+    median per round: seconds per operation, one figure per round, wall and
+    the process's CPU (the client's: psycopg and its pool included)."""
     names = list(savers)
     per: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
     for r in range(ROUNDS):
         ops = {n: calls(n, savers[n], r) for n in names}
         times: dict[str, list[float]] = {n: [] for n in names}
+        cpus: dict[str, list[float]] = {n: [] for n in names}
         for i in range(max(len(v) for v in ops.values())):
             for n in names if i % 2 == 0 else names[::-1]:
                 if i < len(ops[n]):
+                    c = time.process_time()
                     t = time.perf_counter()
                     ops[n][i]()
                     times[n].append(time.perf_counter() - t)
+                    cpus[n].append(time.process_time() - c)
         for n in names:
             per[n].append(statistics.median(times[n]))
-    return per
+            cpu[n].append(statistics.median(cpus[n]))
+    return per, cpu
 
 
 def _puts(name: str, saver: Any, r: int) -> list[Callable[[], Any]]:
@@ -171,7 +186,7 @@ def _history(saver: Any, thread: str) -> dict[str, Any]:
     return {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
 
 
-def _graph(savers: dict[str, Any]) -> dict[str, list[float]]:
+def _graph(savers: dict[str, Any]) -> Rounds:
     """Per round, each of the 3 threads is run (one invoke of the 30-turn
     loop) without a saver and then with each saver, back to back, in an
     order rotated from one thread to the next (so a change in the machine's
@@ -181,28 +196,35 @@ def _graph(savers: dict[str, Any]) -> dict[str, list[float]]:
     run_loop(plain, "warm", False, threads=1)
     graphs = {n: build_agent(s) for n, s in savers.items()}
     per: dict[str, list[float]] = {n: [] for n in savers}
+    cpu: dict[str, list[float]] = {n: [] for n in savers}
     order = [None, *savers]
     for r in range(GRAPH_ROUNDS):
         took = dict.fromkeys(savers, 0.0)
+        used = dict.fromkeys(savers, 0.0)
         steps = dict.fromkeys(savers, 0)
-        base = 0.0
+        base = base_cpu = 0.0
         for i in range(GRAPH_THREADS):
             k = (r * GRAPH_THREADS + i) % len(order)
             for n in order[k:] + order[:k]:
                 prefix = f"graph-{n}-{r}-{i}"
+                c = time.process_time()
                 t = time.perf_counter()
                 run_loop(plain if n is None else graphs[n], prefix, n is not None, threads=1)
                 spent = time.perf_counter() - t
+                spent_cpu = time.process_time() - c
                 if n is None:
                     base += spent
+                    base_cpu += spent_cpu
                     continue
                 took[n] += spent
+                used[n] += spent_cpu
                 steps[n] += len(
                     list(savers[n].list({"configurable": {"thread_id": f"{prefix}-0"}}))
                 )
         for n in savers:
             per[n].append((took[n] - base) / steps[n])
-    return per
+            cpu[n].append((used[n] - base_cpu) / steps[n])
+    return per, cpu
 
 
 def _bytes(url: str) -> dict[str, int]:
@@ -240,7 +262,7 @@ def test_kvsaver_vs_postgressaver(benchmark: Any, server_url: str) -> None:
         url = _database(server_url, "bench_ops")
         savers = _savers(url, ab=AB)
         try:
-            results: dict[str, dict[str, list[float]]] = {"put": _paired(savers, _puts)}
+            results: dict[str, Rounds] = {"put": _paired(savers, _puts)}
             configs = {n: _history(s, f"read-{n}") for n, s in savers.items()}
             results["get_tuple"] = _paired(
                 savers, lambda n, s, r: [lambda: s.get_tuple(configs[n])] * READS
@@ -262,9 +284,10 @@ def test_kvsaver_vs_postgressaver(benchmark: Any, server_url: str) -> None:
         "loadavg": {"start": load_start, "end": os.getloadavg()},
         "microseconds": {},
     }
-    for op, v in out["seconds"].items():
+    for op, (v, cpu) in out["seconds"].items():
         entry: dict[str, Any] = {}
         for n in v:
+            entry["cpu " + n] = statistics.median(cpu[n]) * 1e6
             suffix = "" if n == "KVSaver" else " " + n
             if n != "PostgresSaver":
                 rounds = [a / b for a, b in zip(v[n], v["PostgresSaver"])]
@@ -276,6 +299,7 @@ def test_kvsaver_vs_postgressaver(benchmark: Any, server_url: str) -> None:
         rows.append(
             (op, entry["KVSaver"], entry["PostgresSaver"], entry["ratio"], min(rounds), max(rounds))
         )
+        entry["cpu ratio"] = entry["cpu KVSaver"] / entry["cpu PostgresSaver"]
     b = out["bytes"]
     report["bytes"] = {**b, "ratio": b["KVSaver"] / b["PostgresSaver"]}
     benchmark.extra_info.update(report)
@@ -296,3 +320,11 @@ def test_kvsaver_vs_postgressaver(benchmark: Any, server_url: str) -> None:
                   f"{m['ratio ' + UNPREPARED]:>8.2f}  {spread}")  # fmt: skip
     print(f"{'bytes (VACUUM FULL)':<24}{b['KVSaver']:>12,}{b['PostgresSaver']:>18,}"
           f"{report['bytes']['ratio']:>8.2f}")  # fmt: skip
+    print("client CPU per operation (process_time, medians; graph: with - without saver):")
+    for op, m in report["microseconds"].items():
+        print(f"{op:<24}{m['cpu KVSaver']:>12.0f}{m['cpu PostgresSaver']:>18.0f}"
+              f"{m['cpu ratio']:>8.2f}")  # fmt: skip
+        if AB:
+            kv = m["cpu " + UNPREPARED]
+            print(f"{'  ' + UNPREPARED:<24}{kv:>12.0f}{'':>18}"
+                  f"{kv / m['cpu PostgresSaver']:>8.2f}")  # fmt: skip
