@@ -4,24 +4,38 @@
 
 Workloads (both savers on one database of one server; put, get_tuple and
 list are paired: the two savers' calls alternate one by one, A B B A ..., so
-a change in the machine's load hits both alike; medians of per-round medians):
+a change in the machine's load hits both alike). Each round gives a ratio
+(KVSaver's median / PostgresSaver's median in that round); the ratio
+reported is the median of the per-round ratios, printed with their lowest
+and highest ("rounds"), so a figure is seen with its spread:
   put              50 puts per round on a fresh thread (bench/_workloads.ThreadGen:
                    10 channels, 1-2 changed per put, a growing message list)
   get_tuple        latest checkpoint of a 100-checkpoint thread with 3 pending
                    writes, 50 calls per round
   list:limit10     list(thread, limit=10) read through, 20 calls per round
   graph            a real LangGraph agent loop (bench/_workloads.build_agent),
-                   3 threads x 30 turns; overhead per superstep = (with saver -
-                   without) / checkpoints written
+                   3 threads x 30 turns, 12 rounds (3 before issue #14's rework: a
+                   figure moved by 0.3x between runs); each thread run without a
+                   saver and with each saver back to back, order rotated; per
+                   round, overhead per superstep = (with saver - without) /
+                   checkpoints
   bytes            one long chat (60 invokes of 2 agent turns, ~300 checkpoints),
                    then VACUUM FULL: table + indexes + TOAST of each saver's tables
 
 Targets (the issue): put, get_tuple, list, graph <= 1.0x PostgresSaver; bytes <= 0.3x.
 
+The client's CPU per operation (time.process_time: the whole process, so
+psycopg's and the pool's threads too; medians as above) is printed as well: a
+put's wall time is mostly the WAL flush both savers wait for at each commit
+(one each), so on a busy disk the wall ratio tends to 1.0 whatever the client
+does, and the CPU figure shows what each saver costs the application.
+
 KVSAVER_BENCH_PG_AB=1 adds a third saver to the paired rounds: KVSaver with
-``PostgresStore(..., prepare=False)``, whose write statement is parsed and
-planned at every put and put_writes, as it was before it was prepared (an
-A/B of that change in the same run, ratios to PostgresSaver alike).
+``PostgresStore(..., prepare=False)``, whose statements are all parsed and
+planned by the server every time: the write as before it was prepared, the
+reads as before they were (an A/B of those changes in the same run, ratios
+to PostgresSaver alike; the delta long step's read, also changed, is not
+part of it).
 
 The server: a throwaway cluster started here with PostgreSQL's default
 durability (fsync and synchronous_commit on: a commit is a WAL flush, as in
@@ -46,12 +60,20 @@ from kvsaver import KVSaver
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
 ROUNDS = 7
+GRAPH_ROUNDS = 12
 PUTS = 50
 READS = 50
 LISTS = 20
 HISTORY = 100
 GRAPH_THREADS = 3
 CHAT_INVOKES = 60
+METHOD = (
+    "ratio = median over rounds of (KVSaver's round median / PostgresSaver's round "
+    "median), each round pairing the savers' calls one by one; graph: per round, "
+    "(time with the saver - time without) / checkpoints, each thread run without and "
+    "with every saver back to back, order rotated; "
+    "'rounds': the lowest and highest per-round ratio"
+)
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "postgres.json")
 PG_TABLES = ["checkpoints", "checkpoint_blobs", "checkpoint_writes", "checkpoint_migrations"]
 # KVSAVER_BENCH_PG_AB=1: also KVSaver without its prepared write statement (A/B)
@@ -118,26 +140,35 @@ def _close(savers: dict[str, Any]) -> None:
                 saver.store.close()  # a passed-in store is not closed by the saver
 
 
+Rounds = tuple[dict[str, list[float]], dict[str, list[float]]]  # wall, CPU: per round
+
+
 def _paired(
     savers: dict[str, Any], calls: Callable[[str, Any, int], list[Callable[[], Any]]]
-) -> dict[str, float]:
+) -> Rounds:
     """``calls(name, saver, round)`` -> that round's operations (made untimed);
     the savers' operations run alternately, one by one (A B, then B A); the
-    median per round, then the median over rounds: seconds per operation."""
+    median per round: seconds per operation, one figure per round, wall and
+    the process's CPU (the client's: psycopg and its pool included)."""
     names = list(savers)
     per: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
     for r in range(ROUNDS):
         ops = {n: calls(n, savers[n], r) for n in names}
         times: dict[str, list[float]] = {n: [] for n in names}
+        cpus: dict[str, list[float]] = {n: [] for n in names}
         for i in range(max(len(v) for v in ops.values())):
             for n in names if i % 2 == 0 else names[::-1]:
                 if i < len(ops[n]):
+                    c = time.process_time()
                     t = time.perf_counter()
                     ops[n][i]()
                     times[n].append(time.perf_counter() - t)
+                    cpus[n].append(time.process_time() - c)
         for n in names:
             per[n].append(statistics.median(times[n]))
-    return {n: statistics.median(v) for n, v in per.items()}
+            cpu[n].append(statistics.median(cpus[n]))
+    return per, cpu
 
 
 def _puts(name: str, saver: Any, r: int) -> list[Callable[[], Any]]:
@@ -155,29 +186,45 @@ def _history(saver: Any, thread: str) -> dict[str, Any]:
     return {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
 
 
-def _graph(savers: dict[str, Any]) -> dict[str, float]:
+def _graph(savers: dict[str, Any]) -> Rounds:
+    """Per round, each of the 3 threads is run (one invoke of the 30-turn
+    loop) without a saver and then with each saver, back to back, in an
+    order rotated from one thread to the next (so a change in the machine's
+    load hits every saver alike); a saver's overhead per superstep in that
+    round = (its time - the time without a saver) / checkpoints written."""
     plain = build_agent(None)
     run_loop(plain, "warm", False, threads=1)
-    baseline: list[float] = []
+    graphs = {n: build_agent(s) for n, s in savers.items()}
     per: dict[str, list[float]] = {n: [] for n in savers}
-    steps: dict[str, int] = {}
-    names = list(savers)
-    for r in range(3):
-        t = time.perf_counter()
-        run_loop(plain, "none", False, threads=GRAPH_THREADS)
-        baseline.append(time.perf_counter() - t)
-        for n in names[r % 2 :] + names[: r % 2]:
-            graph = build_agent(savers[n])
-            prefix = f"graph-{n}-{r}"
-            t = time.perf_counter()
-            run_loop(graph, prefix, True, threads=GRAPH_THREADS)
-            per[n].append(time.perf_counter() - t)
-            steps[n] = sum(
-                len(list(savers[n].list({"configurable": {"thread_id": f"{prefix}-{i}"}})))
-                for i in range(GRAPH_THREADS)
-            )
-    base = statistics.median(baseline)
-    return {n: (statistics.median(v) - base) / steps[n] for n, v in per.items()}
+    cpu: dict[str, list[float]] = {n: [] for n in savers}
+    order = [None, *savers]
+    for r in range(GRAPH_ROUNDS):
+        took = dict.fromkeys(savers, 0.0)
+        used = dict.fromkeys(savers, 0.0)
+        steps = dict.fromkeys(savers, 0)
+        base = base_cpu = 0.0
+        for i in range(GRAPH_THREADS):
+            k = (r * GRAPH_THREADS + i) % len(order)
+            for n in order[k:] + order[:k]:
+                prefix = f"graph-{n}-{r}-{i}"
+                c = time.process_time()
+                t = time.perf_counter()
+                run_loop(plain if n is None else graphs[n], prefix, n is not None, threads=1)
+                spent = time.perf_counter() - t
+                spent_cpu = time.process_time() - c
+                if n is None:
+                    base += spent
+                    base_cpu += spent_cpu
+                    continue
+                took[n] += spent
+                used[n] += spent_cpu
+                steps[n] += len(
+                    list(savers[n].list({"configurable": {"thread_id": f"{prefix}-0"}}))
+                )
+        for n in savers:
+            per[n].append((took[n] - base) / steps[n])
+            cpu[n].append((used[n] - base_cpu) / steps[n])
+    return per, cpu
 
 
 def _bytes(url: str) -> dict[str, int]:
@@ -215,7 +262,7 @@ def test_kvsaver_vs_postgressaver(benchmark: Any, server_url: str) -> None:
         url = _database(server_url, "bench_ops")
         savers = _savers(url, ab=AB)
         try:
-            results: dict[str, dict[str, float]] = {"put": _paired(savers, _puts)}
+            results: dict[str, Rounds] = {"put": _paired(savers, _puts)}
             configs = {n: _history(s, f"read-{n}") for n, s in savers.items()}
             results["get_tuple"] = _paired(
                 savers, lambda n, s, r: [lambda: s.get_tuple(configs[n])] * READS
@@ -229,34 +276,55 @@ def test_kvsaver_vs_postgressaver(benchmark: Any, server_url: str) -> None:
         sizes = _bytes(server_url)
         return {"seconds": results, "bytes": sizes}
 
+    load_start = os.getloadavg()
     out = benchmark.pedantic(run_all, rounds=1, iterations=1)
     rows = []
-    for op, v in out["seconds"].items():
-        ratio = v["KVSaver"] / v["PostgresSaver"]
-        rows.append((op, v["KVSaver"] * 1e6, v["PostgresSaver"] * 1e6, ratio))
-    b = out["bytes"]
-    report = {
-        "loadavg": os.getloadavg(),
-        "microseconds": {
-            op: {"KVSaver": k, "PostgresSaver": p, "ratio": r} for op, k, p, r in rows
-        },
-        "bytes": {**b, "ratio": b["KVSaver"] / b["PostgresSaver"]},
+    report: dict[str, Any] = {
+        "method": METHOD,
+        "loadavg": {"start": load_start, "end": os.getloadavg()},
+        "microseconds": {},
     }
-    if AB:
-        for op, v in out["seconds"].items():
-            report["microseconds"][op][UNPREPARED] = v[UNPREPARED] * 1e6
-            report["microseconds"][op]["ratio " + UNPREPARED] = v[UNPREPARED] / v["PostgresSaver"]
+    for op, (v, cpu) in out["seconds"].items():
+        entry: dict[str, Any] = {}
+        for n in v:
+            entry["cpu " + n] = statistics.median(cpu[n]) * 1e6
+            suffix = "" if n == "KVSaver" else " " + n
+            if n != "PostgresSaver":
+                rounds = [a / b for a, b in zip(v[n], v["PostgresSaver"])]
+                entry["ratio" + suffix] = statistics.median(rounds)
+                entry["ratio rounds" + suffix] = [round(x, 3) for x in rounds]
+            entry[n] = statistics.median(v[n]) * 1e6
+        report["microseconds"][op] = entry
+        rounds = entry["ratio rounds"]
+        rows.append(
+            (op, entry["KVSaver"], entry["PostgresSaver"], entry["ratio"], min(rounds), max(rounds))
+        )
+        entry["cpu ratio"] = entry["cpu KVSaver"] / entry["cpu PostgresSaver"]
+    b = out["bytes"]
+    report["bytes"] = {**b, "ratio": b["KVSaver"] / b["PostgresSaver"]}
     benchmark.extra_info.update(report)
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:
         json.dump(report, f, indent=2)
     print()
-    print(f"{'workload':<24}{'KVSaver us':>12}{'PostgresSaver us':>18}{'ratio':>8}")
-    for op, k, p, r in rows:
-        print(f"{op:<24}{k:>12.0f}{p:>18.0f}{r:>8.2f}")
+    load = report["loadavg"]
+    print(f"load average {load['start'][0]:.2f} at start, {load['end'][0]:.2f} at end")
+    print(f"{'workload':<24}{'KVSaver us':>12}{'PostgresSaver us':>18}{'ratio':>8}  rounds")
+    for op, k, p, r, lo, hi in rows:
+        print(f"{op:<24}{k:>12.0f}{p:>18.0f}{r:>8.2f}  {lo:.2f}-{hi:.2f}")
         if AB:
             m = report["microseconds"][op]
+            rounds = m["ratio rounds " + UNPREPARED]
+            spread = f"{min(rounds):.2f}-{max(rounds):.2f}"
             print(f"{'  ' + UNPREPARED:<24}{m[UNPREPARED]:>12.0f}{'':>18}"
-                  f"{m['ratio ' + UNPREPARED]:>8.2f}")  # fmt: skip
+                  f"{m['ratio ' + UNPREPARED]:>8.2f}  {spread}")  # fmt: skip
     print(f"{'bytes (VACUUM FULL)':<24}{b['KVSaver']:>12,}{b['PostgresSaver']:>18,}"
           f"{report['bytes']['ratio']:>8.2f}")  # fmt: skip
+    print("client CPU per operation (process_time, medians; graph: with - without saver):")
+    for op, m in report["microseconds"].items():
+        print(f"{op:<24}{m['cpu KVSaver']:>12.0f}{m['cpu PostgresSaver']:>18.0f}"
+              f"{m['cpu ratio']:>8.2f}")  # fmt: skip
+        if AB:
+            kv = m["cpu " + UNPREPARED]
+            print(f"{'  ' + UNPREPARED:<24}{kv:>12.0f}{'':>18}"
+                  f"{kv / m['cpu PostgresSaver']:>8.2f}")  # fmt: skip

@@ -32,7 +32,15 @@ Round trips (what a network costs; counted by tests/test_postgres.py)
     that must go to the server. A write-only transaction (a speculated put or
     put_writes) is one statement, a server-side prepared statement of ours
     (``_exec_prepared``: parsed and planned once per connection, not through
-    psycopg's cache; ``prepare=False`` parses it every time). ``BEGIN`` is
+    psycopg's cache; ``prepare=False`` parses it every time). The statements
+    of a round trip before the commit (reads, scans, a guard, buffered
+    writes) are named prepared statements too, sent with ``BEGIN`` in one
+    libpq pipeline (``_exchange``), each prepared in that same pipeline the
+    first time a connection needs it: the server neither parses nor plans
+    them again (issue #14: pg_stat_statements counted 30-50 us of planning
+    per read statement; server time per get_tuple 179 -> 41 us, per
+    list(limit=10) 1455 -> 314 us). Only the committing pipeline of a transaction that read first
+    goes through psycopg unprepared. ``BEGIN`` is
     pipelined with the first statement; a read's ``ROLLBACK`` is deferred to
     the first round trip of the connection's next transaction (or sent by a
     reaper thread after ``_LINGER`` seconds, so no session stays idle in a
@@ -82,6 +90,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import re
 import select
 import struct
 import threading
@@ -175,18 +184,27 @@ class _Queries:
     def __init__(self, table: str) -> None:
         from psycopg import sql
 
+        self._sql = sql
         parts = table.split(".")
         if not 1 <= len(parts) <= 2 or not all(parts):
             raise ValueError(f"table must be 'name' or 'schema.name', got {table!r}")
         t = sql.Identifier(*parts)
         self.ident = t
-        self.get = sql.SQL("SELECT value FROM {} WHERE key = %b").format(t)
-        self.get_many = sql.SQL("SELECT key, value FROM {} WHERE key = ANY(%b::bytea[])").format(t)
-        self.upsert = sql.SQL(
+        digest = hashlib.sha1(table.encode()).hexdigest()[:16]
+        self._digest = f"{digest}_{FORMAT_VERSION}"
+        self.get = self._stmt("get", "SELECT value FROM {} WHERE key = %b", (_BYTEA,))
+        self.get_many = self._stmt(
+            "many", "SELECT key, value FROM {} WHERE key = ANY(%b::bytea[])", (_BYTEA_ARRAY,)
+        )
+        self.upsert = self._stmt(
+            "put",
             "INSERT INTO {} (key, value) SELECT * FROM unnest(%b::bytea[], %b::bytea[]) "
-            "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
-        ).format(t)
-        self.delete_many = sql.SQL("DELETE FROM {} WHERE key = ANY(%b::bytea[])").format(t)
+            "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+            (_BYTEA_ARRAY, _BYTEA_ARRAY),
+        )
+        self.delete_many = self._stmt(
+            "del", "DELETE FROM {} WHERE key = ANY(%b::bytea[])", (_BYTEA_ARRAY,)
+        )
         # Fails (division by zero, which no other statement of ours can raise)
         # unless every key holds the value assumed for it (NULL: absent; a
         # long value is compared by its SHA-256). Not constant-folded: the
@@ -198,7 +216,9 @@ class _Queries:
             "AS a(k, v, h) WHERE (SELECT CASE WHEN a.h THEN sha256(t.value) ELSE t.value END "
             "FROM {} AS t WHERE t.key = a.k) IS DISTINCT FROM a.v))::int"
         )
-        self.guard = sql.SQL("SELECT " + check).format(t)
+        self.guard = self._stmt(
+            "guard", "SELECT " + check, (_BYTEA_ARRAY, _BYTEA_ARRAY, _BOOL_ARRAY)
+        )
         # A write-only transaction's one statement (with BEGIN and COMMIT
         # around it: fewer statements, fewer packets and wake-ups): its id,
         # the guard, then the upserts and deletes, which run only when the
@@ -215,15 +235,25 @@ class _Queries:
         # prepared statement of our own (see _PGTxn._exec_prepared); its name
         # is the table's, so stores of one table on one pool share it.
         self.write_all_numbered = sql.SQL(_numbered(write_all)).format(t, t, t)
-        digest = hashlib.sha1(table.encode()).hexdigest()[:16]
-        self.write_all_name = f"kvsaver_w_{digest}_{FORMAT_VERSION}".encode()
+        self.write_all_name = f"kvsaver_w_{self._digest}".encode()
         self.create = sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (key bytea PRIMARY KEY, value bytea NOT NULL)"
         ).format(t)
-        self._sql = sql
         self._rendered = False
-        self._scans: dict[tuple[bool, bool, bool], Any] = {}
-        self._deletes: dict[tuple[bool, bool], Any] = {}
+        self._scans: dict[tuple[bool, bool, bool], _Stmt] = {}
+        self._deletes: dict[tuple[bool, bool], _Stmt] = {}
+
+    def _stmt(self, kind: str, template: str, types: tuple[int, ...]) -> _Stmt:
+        """A statement from a template of our own (``{}``: the table; ``%b``,
+        ``%s``: parameters), for psycopg and as a named prepared statement."""
+        sql, t = self._sql, self.ident
+        n = template.count("{}")
+        return _Stmt(
+            sql.SQL(template).format(*[t] * n),
+            f"kvsaver_{kind}_{self._digest}".encode(),
+            sql.SQL(_numbered(template)).format(*[t] * n),
+            types,
+        )
 
     def render(self, conn: Any) -> None:
         """The fixed statements as bytes, composed once (psycopg would compose
@@ -240,46 +270,179 @@ class _Queries:
             "write_all_numbered",
         ):
             q = getattr(self, name)
-            if not isinstance(q, bytes):  # two threads may render at once: the same bytes
+            if isinstance(q, _Stmt):
+                q.render(conn)
+            elif not isinstance(q, bytes):  # two threads may render at once: the same bytes
                 setattr(self, name, q.as_bytes(conn))
         self._rendered = True
 
-    def _where(self, has_start: bool, has_stop: bool) -> Any:
-        sql = self._sql
-        conds = []
-        if has_start:
-            conds.append(sql.SQL("key >= %b"))
-        if has_stop:
-            conds.append(sql.SQL("key < %b"))
-        return sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conds) if conds else sql.SQL("")
+    @staticmethod
+    def _where(has_start: bool, has_stop: bool) -> str:
+        conds = (["key >= %b"] if has_start else []) + (["key < %b"] if has_stop else [])
+        return " WHERE " + " AND ".join(conds) if conds else ""
 
-    def scan(self, has_start: bool, has_stop: bool, reverse: bool) -> Any:
+    def scan(self, has_start: bool, has_stop: bool, reverse: bool) -> _Stmt:
         q = self._scans.get((has_start, has_stop, reverse))
         if q is None:
-            sql = self._sql
-            q = sql.SQL("SELECT key, value FROM {}{} ORDER BY key {} LIMIT %s").format(
-                self.ident,
-                self._where(has_start, has_stop),
-                sql.SQL("DESC" if reverse else "ASC"),
+            order = "DESC" if reverse else "ASC"
+            q = self._stmt(
+                f"scan{int(has_start)}{int(has_stop)}{int(reverse)}",
+                f"SELECT key, value FROM {{}}{self._where(has_start, has_stop)} "
+                f"ORDER BY key {order} LIMIT %s",
+                (_BYTEA,) * (has_start + has_stop) + (_INT8,),
             )
             self._scans[(has_start, has_stop, reverse)] = q
         return q
 
-    def delete_range(self, has_start: bool, has_stop: bool) -> Any:
+    def delete_range(self, has_start: bool, has_stop: bool) -> _Stmt:
         q = self._deletes.get((has_start, has_stop))
         if q is None:
-            q = self._sql.SQL("DELETE FROM {}{}").format(
-                self.ident, self._where(has_start, has_stop)
+            q = self._stmt(
+                f"drange{int(has_start)}{int(has_stop)}",
+                "DELETE FROM {}" + self._where(has_start, has_stop),
+                (_BYTEA,) * (has_start + has_stop),
             )
             self._deletes[(has_start, has_stop)] = q
         return q
 
 
+_BYTEA, _INT8, _BOOL_ARRAY, _BYTEA_ARRAY = 17, 20, 1000, 1001  # type oids
+
+
+class _Stmt:
+    """One statement: ``text`` for psycopg (``%b`` parameters), and the same
+    with numbered parameters (``$1``...), prepared by ``name`` on a
+    connection the first time it is sent there (``_exchange``)."""
+
+    __slots__ = ("name", "numbered", "text", "types")
+
+    def __init__(self, text: Any, name: bytes, numbered: Any, types: tuple[int, ...]) -> None:
+        self.text = text
+        self.name = name
+        self.numbered = numbered
+        self.types = types
+
+    def render(self, conn: Any) -> None:
+        if not isinstance(self.text, bytes):  # two threads may render at once: the same bytes
+            self.text = self.text.as_bytes(conn)
+        if not isinstance(self.numbered, bytes):
+            self.numbered = self.numbered.as_bytes(conn)
+
+
 def _numbered(template: str) -> str:
-    """``%b`` placeholders as ``$1``, ``$2``, ... (a template of our own:
-    identifiers are still ``{}`` fields, so no ``%b`` can come from a name)."""
-    parts = template.split("%b")
+    """``%b`` and ``%s`` placeholders as ``$1``, ``$2``, ... (a template of
+    our own: identifiers are still ``{}`` fields, so none can come from a
+    name)."""
+    parts = re.split("%[bs]", template)
     return "".join(f"{p}${i}" for i, p in enumerate(parts[:-1], 1)) + parts[-1]
+
+
+def _text(q: Any) -> Any:
+    """What psycopg executes for a statement."""
+    return q.text if isinstance(q, _Stmt) else q
+
+
+def _unprepared(e: BaseException) -> bool:
+    """A prepared statement of ours that the server does not have."""
+    from psycopg import errors
+
+    return isinstance(e, errors.InvalidSqlStatementName)
+
+
+class _Rows:
+    """A statement's result from ``_exchange``, read as from a cursor."""
+
+    __slots__ = ("rowcount", "rows")
+
+    def __init__(self, rows: list[Any], rowcount: int) -> None:
+        self.rows = rows
+        self.rowcount = rowcount
+
+    def fetchone(self) -> Any:
+        return self.rows[0] if self.rows else None
+
+    def fetchall(self) -> list[Any]:
+        return self.rows
+
+
+_INT8_VALUE = struct.Struct("!q")
+
+
+def _exchange(conn: Any, items: Sequence[tuple[Any, Any]]) -> list[_Rows]:
+    """Send ``items`` (statement, parameters) in one libpq pipeline ending in
+    one Sync: one round trip, and read every result. A ``_Stmt`` is sent as
+    a named prepared statement (Bind/Execute, no parsing or planning on the
+    server), preceded in the same pipeline by its Parse where this
+    connection does not have it yet (issue #14: planning cost the server
+    ~150 us per statement); anything else (BEGIN, ROLLBACK, ...) is sent
+    unnamed, without parameters. Results are binary. The first error is
+    raised (as psycopg raises it) once the whole pipeline has been read, so
+    the connection is left ready for the next statement; a statement the
+    server reports unknown (deallocated behind our back) is forgotten, to be
+    prepared again next time."""
+    from psycopg import errors, pq
+    from psycopg.adapt import Transformer
+    from psycopg.generators import fetch_many, send
+
+    pgconn = conn.pgconn
+    with _PREPARED_LOCK:
+        names = _PREPARED.setdefault(conn, set())
+    parses: list[bytes | None] = []  # per result: the name its Parse prepares
+    results: list[Any] = []
+    broken = True
+    with conn.lock:
+        try:
+            pgconn.enter_pipeline_mode()
+            for q, params in items:
+                if isinstance(q, _Stmt):
+                    if not isinstance(q.numbered, bytes):  # a scan's, made after render()
+                        q.render(conn)
+                    if q.name not in names and q.name not in parses:
+                        pgconn.send_prepare(q.name, q.numbered, q.types)
+                        parses.append(q.name)
+                    values = [_INT8_VALUE.pack(v) if isinstance(v, int) else v for v in params]
+                    pgconn.send_query_prepared(q.name, values, [1] * len(values), 1)
+                else:
+                    pgconn.send_query_params(
+                        q.encode() if isinstance(q, str) else q, None, result_format=1
+                    )
+                parses.append(None)
+            pgconn.pipeline_sync()
+            conn.wait(send(pgconn))
+            while True:
+                got = conn.wait(fetch_many(pgconn))
+                if got and got[-1].status == pq.ExecStatus.PIPELINE_SYNC:
+                    break
+                results.append(got[-1] if got else None)
+            pgconn.exit_pipeline_mode()
+            broken = False
+        finally:
+            if broken:  # lost, or interrupted mid-pipeline: unusable
+                conn.close()
+    out: list[_Rows] = []
+    error: Exception | None = None
+    tx: Any = None
+    for name, res in zip(parses, results):
+        status = None if res is None else res.status
+        if status == pq.ExecStatus.FATAL_ERROR:
+            if error is None:
+                error = errors.error_from_result(res, encoding=conn.info.encoding)
+        elif name is not None:
+            if status == pq.ExecStatus.COMMAND_OK:
+                names.add(name)
+        elif status == pq.ExecStatus.TUPLES_OK:
+            if tx is None:
+                tx = Transformer()
+            tx.set_pgresult(res)
+            out.append(_Rows(tx.load_rows(0, res.ntuples, tuple), res.ntuples))
+        else:
+            out.append(_Rows([], int(res.command_tuples or 0) if res is not None else 0))
+    if error is not None:
+        if _unprepared(error):  # deallocated behind our back (DEALLOCATE ALL, DISCARD ALL)
+            said = str(error)
+            names.difference_update([n for n in names if f'"{n.decode()}"' in said])
+        raise error
+    return out
 
 
 # Connections on which a statement of ours is prepared (by name): module-wide,
@@ -312,13 +475,15 @@ _NULL = _LEN.pack(-1)
 def _bytea_array(items: Sequence[bytes | None]) -> _ByteaArray:
     if not items:
         return _ByteaArray(struct.pack("!iii", 0, 0, 17))  # empty: no dimension
-    parts = [_HEAD.pack(1, any(v is None for v in items), 17, len(items), 1)]
-    for v in items:
-        if v is None:
-            parts.append(_NULL)
-        else:
-            parts.append(_LEN.pack(len(v)))
-            parts.append(v)
+    nulls = None in items
+    parts = [_HEAD.pack(1, nulls, 17, len(items), 1)]
+    pack = _LEN.pack
+    if nulls:
+        for v in items:
+            parts += (_NULL,) if v is None else (pack(len(v)), v)
+    else:
+        for v in items:
+            parts += (pack(len(v)), v)
     return _ByteaArray(b"".join(parts))
 
 
@@ -535,44 +700,68 @@ class _PGTxn:
         pre.extend(self._queue)
         pre.extend((q, p, None) for q, p in self._flush_statements())
         self.speculate = False  # a round trip is paid now: read for real from here on
+        out: Any = None
+        resent = 0
         while True:
             try:
                 self._store._statements += len(pre) + (query is not None)
                 self._store._round_trips += 1
-                if pre:
+                if self._store.prepare:
+                    out = self._exchange(pre, query, params)
+                elif pre:
                     with self._conn.pipeline():
                         if self._pre_rollback:
                             self._cur.execute("ROLLBACK")
                         for q, p, pending in pre:
                             if pending is None:
-                                self._cur.execute(q, p)
+                                self._cur.execute(_text(q), p)
                             else:
                                 pending.cur = self._conn.cursor(binary=True)
-                                pending.cur.execute(q, p)
+                                pending.cur.execute(_text(q), p)
                         if query is not None:
-                            self._cur.execute(query, params)
+                            self._cur.execute(_text(query), params)
                     for _, _, pending in pre:
                         if pending is not None:
                             pending.rows = pending.cur.fetchall()
                             pending.cur = None
                 else:
-                    self._cur.execute(query, params)
+                    self._cur.execute(_text(query), params)
                 break
             except Exception as e:
-                if (
-                    _classify(e) == "lost"
-                    and not self._begun
-                    and self.may_resend
-                    and self._store._reconnect(self)
-                ):
-                    continue  # the first statement on a dead pooled connection: resend
+                if not self._begun and self.may_resend:
+                    if _classify(e) == "lost" and self._store._reconnect(self):
+                        continue  # the first statement on a dead pooled connection: resend
+                    if _unprepared(e) and resent < 64:
+                        resent += 1
+                        # A statement of ours was deallocated behind our back
+                        # (DEALLOCATE ALL, DISCARD ALL of a pool's reset): it
+                        # failed before anything ran; end what BEGIN opened,
+                        # prepare it again and resend (once per such statement).
+                        self._pre_rollback = True
+                        continue
                 self._fail(e, "statement")
         self._begun = True
         self._pre_rollback = False
         self.may_resend = False
         self._dirty.clear()
         self._queue.clear()
-        return self._cur
+        return self._cur if out is None else out
+
+    def _exchange(
+        self, pre: list[tuple[Any, Any, _Pending | None]], query: Any, params: Any
+    ) -> _Rows | None:
+        """``_run``'s round trip as prepared statements in one libpq pipeline;
+        the last statement's result (None: there is none)."""
+        items: list[tuple[Any, Any]] = [("ROLLBACK", None)] if self._pre_rollback else []
+        items.extend((q, p) for q, p, _ in pre)
+        if query is not None:
+            items.append((query, params))
+        results = _exchange(self._conn, items)
+        first = len(items) - len(pre) - (query is not None)
+        for (_, _, pending), res in zip(pre, results[first:]):
+            if pending is not None:
+                pending.rows = res.rows
+        return results[-1] if query is not None else None
 
     def _fail(self, e: Exception, where: str) -> None:
         if _classify(e) == "lost" or self._conn.broken or self._conn.closed:
@@ -718,7 +907,7 @@ class _PGTxn:
                     self._xid.rows = self._exec_prepared(pre[0][1])
                     return
                 self._xid.cur = self._conn.cursor()
-                self._xid.cur.execute(*pre[0])
+                self._xid.cur.execute(_text(pre[0][0]), pre[0][1])
                 self._xid.rows = self._xid.cur.fetchall()
                 return
             with self._conn.pipeline():
@@ -726,9 +915,9 @@ class _PGTxn:
                     if xid_in and xid_after is not None and i == xid_after + 1:
                         # this statement's result is the transaction's id
                         self._xid.cur = self._conn.cursor()
-                        self._xid.cur.execute(q, params)
+                        self._xid.cur.execute(_text(q), params)
                         continue
-                    self._cur.execute(q, params)
+                    self._cur.execute(_text(q), params)
                     if i == xid_after and not xid_in:
                         self._xid.cur = self._conn.cursor()
                         self._xid.cur.execute(_XID)
@@ -777,7 +966,7 @@ class _PGTxn:
         q = self._q
         conn = self._conn
         pgconn = conn.pgconn
-        values = [bytes(p) for p in params]
+        values = list(params)  # our arrays: bytes already, sent as they are
         formats = [1] * len(values)
         with conn.lock:
             for attempt in (0, 1):

@@ -474,7 +474,7 @@ class Codec:
                 if p.spec is not None and p.spec[0] == bkey and get(bkey) == p.spec[1]:
                     raw = p.spec[2]  # made on this very base record: the same bytes
                 else:
-                    raw = self._delta(txn, p, bkey, ref, get)
+                    raw = self._delta(txn, p, bkey, ref, get, known)
             if raw is None:
                 raw = S.encode_blob(self.wrap("msgpack", p.plain))
                 self.recent.add(p.key, _Entry(raw, None, 0, p.plain))
@@ -487,6 +487,7 @@ class Codec:
         bkey: bytes,
         ref: Any,
         get: Callable[[bytes], bytes | None],
+        known: Mapping[bytes, bytes | None],
     ) -> bytes | None:
         """The delta record of ``p`` on the value at ``bkey``, or None."""
         assert p.plain is not None
@@ -498,7 +499,7 @@ class Codec:
         base = self._try_resolve(txn, bkey, braw)
         if base is None:
             return None
-        return self._make_delta(p, bkey, ref, base, (txn, braw, get))
+        return self._make_delta(p, bkey, ref, base, (txn, braw, get, known))
 
     def _speculate(
         self, thread: str, ns: str, parent_id: Any, ch: str, key: bytes, plain: bytes
@@ -527,11 +528,12 @@ class Codec:
         bkey: bytes,
         ref: Any,
         base: _Entry,
-        store: tuple[Any, bytes, Callable[[bytes], bytes | None]] | None = None,
+        store: tuple[Any, bytes, Callable[[bytes], bytes | None], Mapping[bytes, Any]]
+        | None = None,
     ) -> bytes | None:
         """The delta record of ``p`` on ``base``, the value at ``bkey``, or
-        None. ``store``: (txn, the base's stored record, get) in the
-        transaction; without it (``_speculate``) a long step, whose base is
+        None. ``store``: (txn, the base's stored record, get, the records
+        read already) in the transaction; without it (``_speculate``) a long step, whose base is
         read from the store, is left to the transaction (None)."""
         assert p.plain is not None
         if base.depth + 1 >= self.max_chain:
@@ -540,11 +542,11 @@ class Codec:
         if self.stride > 1 and depth % self.stride == 0:
             if store is None:
                 return None
-            txn, braw, get = store
+            txn, braw, get, known = store
             # A long step: on the version ``stride`` back, so a read of any
             # version joins at most stride - 1 short steps and then
             # max_chain / stride long ones ("Chains" in the module docstring).
-            jump = self._ancestor(txn, bkey, braw, depth - self.stride, get)
+            jump = self._ancestor(txn, bkey, braw, depth - self.stride, get, known)
             if jump is not None:
                 bkey, ref, base = jump
         new, old = header(p.plain), header(base.plain)
@@ -578,14 +580,17 @@ class Codec:
         raw: bytes,
         depth: int,
         get: Callable[[bytes], bytes | None],
+        known: Mapping[bytes, Any],
     ) -> tuple[bytes, Any, _Entry] | None:
         """The version at ``depth`` of the chain through ``key`` (a delta of
         greater depth): its key, version and value, or None when the chain
         does not pass through that depth (then the parent stays the base).
-        The versions between are the channel's previous keys: one reverse
-        scan reads them (one round trip on a network store)."""
+        The versions between are the channel's previous keys: read already
+        (``known``: ``read_keys`` names them when this process wrote them),
+        or else one reverse scan reads them (one round trip on a network
+        store: issue #14, every 8th put of a thread paid a second one)."""
         steps = self.stride
-        below = dict(txn.scan(S.blob_channel_range(key)[0], key, reverse=True, limit=steps))
+        below: dict[bytes, bytes] | None = None
         prefix = S.blob_prefix(key)
         r: bytes | None = raw
         for _ in range(steps):
@@ -593,7 +598,9 @@ class Codec:
                 return None
             ref = decode(r).ref
             k = prefix + S.version_element(ref)
-            r = below[k] if k in below else get(k)
+            if below is None and k not in known:
+                below = dict(txn.scan(S.blob_channel_range(key)[0], key, reverse=True, limit=steps))
+            r = below[k] if below is not None and k in below else get(k)
             if r is None:
                 return None
             d = decode(r).depth if r[:1] == MARK else 0
@@ -624,8 +631,32 @@ class Codec:
         for p in lists:
             ref = parent.get(p.channel)
             if ref is not None:
-                keys.append(S.blob_key(thread, ns, p.channel, ref))
+                bkey = S.blob_key(thread, ns, p.channel, ref)
+                keys.append(bkey)
+                keys.extend(self._long_step_keys(bkey))
         return keys
+
+    def _long_step_keys(self, bkey: bytes) -> list[bytes]:
+        """When a delta on ``bkey`` is a long step: the versions ``_ancestor``
+        walks back through, as far as this process wrote them (``recent``)."""
+        e = self.recent.items.get(bkey)
+        stride = self.stride
+        if e is None or stride <= 1 or (e.depth + 1) % stride or e.depth + 1 >= self.max_chain:
+            return []
+        target = e.depth + 1 - stride
+        prefix = S.blob_prefix(bkey)
+        out: list[bytes] = []
+        r = e.raw
+        for _ in range(stride):
+            if r[:1] != MARK:
+                break
+            k = prefix + S.version_element(decode(r).ref)
+            out.append(k)
+            e = self.recent.items.get(k)
+            if e is None or e.depth <= target:
+                break
+            r = e.raw
+        return out
 
     def _parent_versions(
         self, get: Callable[[bytes], bytes | None], thread: str, ns: str, parent_id: Any

@@ -73,6 +73,7 @@ class TracedPool:
     def __init__(self, url: str) -> None:
         self.trace = tempfile.TemporaryFile()
         self.parses = 0  # Parse messages the last count() saw (0: prepared statements)
+        self.table_parses = 0  # those of statements on the table
 
         def configure(conn: psycopg.Connection) -> None:
             conn.pgconn.trace(self.trace.fileno())
@@ -101,7 +102,10 @@ class TracedPool:
             elif ln.startswith("B\t"):
                 run = False
         queries = sum(1 for ln in lines if ln.startswith("F\t") and "\tExecute" in ln)
-        self.parses = sum(1 for ln in lines if ln.startswith("F\t") and "\tParse" in ln)
+        parses = [ln for ln in lines if ln.startswith("F\t") and "\tParse" in ln]
+        self.parses = len(parses)
+        # Parses of statements on the table (not BEGIN, ROLLBACK, COMMIT)
+        self.table_parses = sum(1 for ln in parses if " FROM " in ln or "INSERT" in ln)
         return waits, queries
 
     def close(self) -> None:
@@ -163,6 +167,12 @@ def test_round_trips_per_operation(postgres_url: str, table: str) -> None:
         assert figures["list (limit 10)"][0] == 2  # the records; the page's writes and blobs
         held, failed = saver.store.speculations
         assert failed == 0 and held >= 20
+        # Reads are named prepared statements, parsed once per connection:
+        # executed by name from then on (planning each cost the server ~150 us).
+        for read in (lambda: saver.get_tuple(latest), lambda: list(saver.list(latest, limit=3))):
+            read()
+            traced.count(read)
+            assert traced.parses > 0 and traced.table_parses == 0  # BEGIN, ROLLBACK: unnamed
 
         # A store on its own pool: its sessions are SERIALIZABLE by default, so
         # a write-only transaction is a single statement (no BEGIN, no COMMIT).
@@ -209,6 +219,10 @@ def test_round_trips_per_operation(postgres_url: str, table: str) -> None:
                 lambda: plain.put(config("t", "", "0025"), make_checkpoint("0026", {}, {}), {}, {})
             )
             assert put == (1, 1) and traced.parses == 1
+            # ... and its reads are parsed every time too: no named statement
+            # for a pooler to lose between transactions.
+            read = traced.count(lambda: plain.get_tuple(config("t")))
+            assert read[0] == 1 and traced.table_parses == read[1] - 1  # all but BEGIN
         finally:
             plain.store.close()
     finally:
@@ -217,6 +231,52 @@ def test_round_trips_per_operation(postgres_url: str, table: str) -> None:
         for one in (saver, other):
             one.store.close()
         traced.close()
+
+
+def test_every_put_of_a_chat_is_one_round_trip_long_steps_included(
+    postgres_url: str, table: str
+) -> None:
+    """A list's delta chain takes a long step every 8th version (it extends
+    the version 8 back, saver/delta.py), found by walking the versions
+    between: they were read with a scan, a second round trip at every 8th
+    put on PostgreSQL (issue #14). Now the put reads them with its other
+    reads (from the speculation cache when this process wrote them): every
+    put is one round trip, and the records are the ones a local store gets."""
+    from kvsaver import delta
+    from kvsaver import schema as S
+    from kvsaver.kv import MemoryStore
+
+    store = PostgresStore(postgres_url, table=table)
+    saver, local = KVSaver(store), KVSaver(MemoryStore())
+    try:
+        trips = []
+        for one in (saver, local):
+            parent = None
+            for i in range(40):
+                cid = f"{i:04d}"
+                versions = {"messages": i + 1}
+                values = {"messages": [f"message {n} " * 20 for n in range(i + 1)]}
+                before = store._round_trips
+                one.put(
+                    config("t", "", parent), make_checkpoint(cid, values, versions), {}, versions
+                )
+                if one is saver and i > 0:  # the first put reads from the server
+                    trips.append(store._round_trips - before)
+                parent = cid
+        assert trips == [1] * 39
+        blobs = []
+        for one in (saver, local):
+            with one.store.read() as txn:
+                blobs.append(list(txn.scan(*S.blobs_range("t"))))
+        assert blobs[0] == blobs[1]
+        refs = {
+            delta.decode(v).depth: delta.decode(v).ref for _, v in blobs[0] if v[:1] == delta.MARK
+        }
+        # depth 8 extends the whole version (2), depth 16 the one at depth 8 (10)
+        assert (refs[7], refs[8], refs[9], refs[16]) == (8, 2, 10, 10)
+    finally:
+        store.close()
+        local.close()
 
 
 def test_a_write_takes_its_own_result_after_earlier_unread_ones(postgres_url: str) -> None:
@@ -243,11 +303,12 @@ def test_a_write_takes_its_own_result_after_earlier_unread_ones(postgres_url: st
 def test_the_prepared_write_outlives_reads_rollbacks_and_deallocate(
     postgres_url: str, table: str
 ) -> None:
-    """The write-only statement is prepared once per connection; reads whose
+    """The write-only statement and the reads' statements are prepared once
+    per connection; reads whose
     deferred ROLLBACK rides with the next write or is sent by the reaper, a
     rolled-back write, and a
-    DEALLOCATE ALL from elsewhere (a pool's reset) never leave a put naming
-    a statement the server no longer has. (With psycopg's own prepared
+    DEALLOCATE ALL from elsewhere (a pool's reset) never leave a put or a
+    read naming a statement the server no longer has. (With psycopg's own prepared
     statements, a ROLLBACK result queued a DEALLOCATE ALL that it sent just
     after preparing the next statement: "prepared statement does not exist".)"""
     from kvsaver.kv.postgres import _LINGER
@@ -270,9 +331,12 @@ def test_the_prepared_write_outlives_reads_rollbacks_and_deallocate(
             if i == 3:
                 with pytest.raises(ValueError):
                     store.transact(lambda txn: (txn.put(b"x", b"1"), int("not a number")))
-            if i == 5:
+            if i in (5, 6):
                 with store._pool.connection() as conn:  # behind psycopg's back
                     assert conn.pgconn.exec_(b"DEALLOCATE ALL").status == pq.ExecStatus.COMMAND_OK
+            if i == 6:  # the reads' prepared statements are gone too: prepared again
+                assert saver.get_tuple(config("t")).checkpoint["id"] == cid
+                assert len(list(saver.list(config("t"), limit=2))) == 2
             parent = cid
         assert [c.checkpoint["id"] for c in saver.list(config("t"))] == [
             f"{i:04d}" for i in reversed(range(8))
