@@ -51,6 +51,8 @@ class Stats:
 
 
 S = Stats()
+BATCH_AT: dict[int, float] = {}  # id(a request's fn): when its batch began
+DONE_AT: dict[int, float] = {}  # ... and ended
 EVENTS: list[tuple[float, str, str]] = []  # (time, thread name, event), with --trace
 
 
@@ -93,11 +95,31 @@ def instrument_lmdb() -> None:
         return batch
 
     L._Env.gather = g  # type: ignore[method-assign]
+    transact = L.LMDBStore.transact
+
+    def tr(self: Any, fn: Any) -> Any:
+        kind = fn.__qualname__.split(".")[1]
+        t0 = time.perf_counter()
+        try:
+            return transact(self, fn)
+        finally:
+            t3 = time.perf_counter()
+            t1, t2 = BATCH_AT.pop(id(fn), t0), DONE_AT.pop(id(fn), t3)
+            S.add(f"{kind}: transact to its batch", t1 - t0)
+            S.add(f"{kind}: its batch (commit)", t2 - t1)
+            S.add(f"{kind}: commit to return", t3 - t2)
+
+    L.LMDBStore.transact = tr  # type: ignore[method-assign]
     run_batch = L.LMDBStore._run_batch
 
     def rb(self: Any, env: Any, batch: Any) -> None:
         t0 = time.perf_counter()
+        for r in batch:
+            BATCH_AT[id(r.fn)] = t0
         run_batch(self, env, batch)
+        t1 = time.perf_counter()
+        for r in batch:
+            DONE_AT[id(r.fn)] = t1
         ev("committed")
         S.add("run_batch (txn+commit)", time.perf_counter() - t0)
 
