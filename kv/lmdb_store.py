@@ -762,15 +762,6 @@ _ZERO_MAX = 8 << 20
 _GATHER_MAX_SECONDS = 0.002
 _GAIN_WEIGHT = 0.25  # of the newest outcome in _Env.gains (see gather)
 _GAIN_KINDS = 64
-
-
-def _kind(req: _Request | None) -> Any:
-    """What a request's waits are learned by (see _Env.gather): its
-    function's code, the same for every call from one place of the caller."""
-    fn = req.fn if req is not None else None
-    return getattr(fn, "__code__", type(fn))
-
-
 _GATE_POLL_SECONDS = 0.0005
 _HEADROOM_SKIPS = 15
 _READER_CHECK_GROWTH = 1 << 20
@@ -798,6 +789,13 @@ class _Request:
         self.aborted = False
         self.wake = threading.Lock()
         self.wake.acquire()
+
+
+def _kind(req: _Request | None) -> Any:
+    """What a request's waits are learned by (see _Env.gather): its
+    function's code, the same for every call from one place of the caller."""
+    fn = req.fn if req is not None else None
+    return getattr(fn, "__code__", type(fn))
 
 
 def _wake(r: _Request) -> None:
