@@ -169,14 +169,14 @@ def main() -> None:
     ap.add_argument("--saver", default=KV_LMDB)
     ap.add_argument("--workload", default="invokes", choices=["invokes", "loop"])
     ap.add_argument("--threads", type=int, default=THREADS)
-    ap.add_argument("--before", action="store_true", help="the gatherer as it was")
+    ap.add_argument("--variant", default="", help="a variant of bench/ab_invokes13.py")
     ap.add_argument("--trace", type=int, default=0, help="print the events of invoke N")
     ap.add_argument("--switch", type=float, default=None, help="sys.setswitchinterval")
     args = ap.parse_args()
-    if args.before:
+    if args.variant:
         from ab_invokes13 import _install
 
-        _install("before")
+        _install(args.variant)
     if args.switch:
         sys.setswitchinterval(args.switch)
     run = run_invokes if args.workload == "invokes" else run_loop
