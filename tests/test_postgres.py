@@ -82,7 +82,12 @@ class TracedPool:
         self.configure = configure  # also for a store's own pool (pool_options)
 
         self.pool = ConnectionPool(
-            url, min_size=1, max_size=1, kwargs={"autocommit": True}, configure=configure
+            url,
+            min_size=1,
+            max_size=1,
+            kwargs={"autocommit": True},
+            configure=configure,
+            open=False,
         )
         self.pool.open(wait=True)
 
