@@ -9,7 +9,11 @@ a change in the machine's load hits both alike). Each round gives a ratio
 reported is the median of the per-round ratios, printed with their lowest
 and highest ("rounds"), so a figure is seen with its spread:
   put              50 puts per round on a fresh thread (bench/_workloads.ThreadGen:
-                   10 channels, 1-2 changed per put, a growing message list)
+                   10 channels, 1-2 changed per put, a growing message list);
+                   "floor:commit" in the same rounds: BEGIN, an INSERT of 2.9 KB,
+                   COMMIT in one round trip on a plain connection (one WAL flush:
+                   what a durable put waits for at least), each saver's put also
+                   given as "x floor"
   get_tuple        latest checkpoint of a 100-checkpoint thread with 3 pending
                    writes, 50 calls per round
   list:limit10     list(thread, limit=10) read through, 20 calls per round
@@ -79,6 +83,12 @@ PG_TABLES = ["checkpoints", "checkpoint_blobs", "checkpoint_writes", "checkpoint
 # KVSAVER_BENCH_PG_AB=1: also KVSaver without its prepared write statement (A/B)
 AB = os.environ.get("KVSAVER_BENCH_PG_AB") == "1"
 UNPREPARED = "KVSaver(prepare=False)"
+# The floor of a durable write on this server, in the put rounds: one round
+# trip of BEGIN, one INSERT of a new key with FLOOR_BYTES of value, COMMIT
+# (one WAL flush), on a plain psycopg connection: what any saver's put waits
+# for at least, timed in the same rounds as the savers' puts.
+FLOOR = "floor:commit"
+FLOOR_BYTES = 2_900  # about the WAL bytes of a KVSaver put (pg_stat_wal, wt-pg4)
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +187,38 @@ def _puts(name: str, saver: Any, r: int) -> list[Callable[[], Any]]:
     return [lambda a=a: saver.put(a.config, a.checkpoint, a.metadata, a.new_versions) for a in ops]
 
 
+class CommitFloor:
+    """A durable write and nothing else: see FLOOR."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.conn.execute("CREATE TABLE IF NOT EXISTS commit_floor (k bytea PRIMARY KEY, v bytea)")
+        self.cur = self.conn.cursor(binary=True)
+        self.n = 0
+
+    def commit(self, value: bytes) -> None:
+        self.n += 1
+        with self.conn.pipeline():
+            self.cur.execute("BEGIN")
+            self.cur.execute(
+                "INSERT INTO commit_floor (k, v) VALUES (%b, %b)",
+                (self.n.to_bytes(8, "big"), value),
+            )
+            self.cur.execute("COMMIT")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _puts_and_floor(name: str, saver: Any, r: int) -> list[Callable[[], Any]]:
+    if name != FLOOR:
+        return _puts(name, saver, r)
+    values = [os.urandom(FLOOR_BYTES) for _ in range(PUTS)]
+    return [lambda v=v: saver.commit(v) for v in values]
+
+
 def _history(saver: Any, thread: str) -> dict[str, Any]:
     gen = ThreadGen(saver, thread, window=40)
     for _ in range(HISTORY):
@@ -262,7 +304,13 @@ def test_kvsaver_vs_postgressaver(benchmark: Any, server_url: str) -> None:
         url = _database(server_url, "bench_ops")
         savers = _savers(url, ab=AB)
         try:
-            results: dict[str, Rounds] = {"put": _paired(savers, _puts)}
+            floor = CommitFloor(url)
+            try:
+                results: dict[str, Rounds] = {
+                    "put": _paired({**savers, FLOOR: floor}, _puts_and_floor)
+                }
+            finally:
+                floor.close()
             configs = {n: _history(s, f"read-{n}") for n, s in savers.items()}
             results["get_tuple"] = _paired(
                 savers, lambda n, s, r: [lambda: s.get_tuple(configs[n])] * READS
@@ -300,6 +348,10 @@ def test_kvsaver_vs_postgressaver(benchmark: Any, server_url: str) -> None:
             (op, entry["KVSaver"], entry["PostgresSaver"], entry["ratio"], min(rounds), max(rounds))
         )
         entry["cpu ratio"] = entry["cpu KVSaver"] / entry["cpu PostgresSaver"]
+        if FLOOR in v:  # each saver against the commit floor of the same rounds
+            for n in v:
+                if n != FLOOR:
+                    entry["x floor " + n] = statistics.median(a / f for a, f in zip(v[n], v[FLOOR]))
     b = out["bytes"]
     report["bytes"] = {**b, "ratio": b["KVSaver"] / b["PostgresSaver"]}
     benchmark.extra_info.update(report)
@@ -312,8 +364,13 @@ def test_kvsaver_vs_postgressaver(benchmark: Any, server_url: str) -> None:
     print(f"{'workload':<24}{'KVSaver us':>12}{'PostgresSaver us':>18}{'ratio':>8}  rounds")
     for op, k, p, r, lo, hi in rows:
         print(f"{op:<24}{k:>12.0f}{p:>18.0f}{r:>8.2f}  {lo:.2f}-{hi:.2f}")
+        m = report["microseconds"][op]
+        if FLOOR in m:
+            print(f"{'  ' + FLOOR:<24}{m[FLOOR]:>12.0f}{'':>18}"
+                  f"{m['ratio ' + FLOOR]:>8.2f}  (x floor: KVSaver "
+                  f"{m['x floor KVSaver']:.2f}, PostgresSaver "
+                  f"{m['x floor PostgresSaver']:.2f})")  # fmt: skip
         if AB:
-            m = report["microseconds"][op]
             rounds = m["ratio rounds " + UNPREPARED]
             spread = f"{min(rounds):.2f}-{max(rounds):.2f}"
             print(f"{'  ' + UNPREPARED:<24}{m[UNPREPARED]:>12.0f}{'':>18}"
