@@ -1028,6 +1028,20 @@ def _one(
 ) -> list[tuple[bytes, bytes]]:
     """``list(islice(_scan(...), 1))`` without a generator."""
     with txn.cursor() as cur:
+        if stop is not None and reverse and 0 < len(stop) <= max_key:
+            # Every get_tuple of a latest checkpoint: _seek and _beyond inline
+            # (issue #13). The key before the first key >= stop, else the last
+            # key: below stop either way.
+            if not (cur.prev() if cur.set_range(stop) else cur.last()):
+                return []
+            key = cur.key()
+            return [] if start is not None and key < start else [(key, cur.value())]
+        if start is not None and not reverse and 0 < len(start) <= max_key:
+            # Every read's pending-writes probe: the first key >= start.
+            if not cur.set_range(start):
+                return []
+            key = cur.key()
+            return [] if stop is not None and key >= stop else [(key, cur.value())]
         if not _seek(cur, max_key, start, stop, reverse):
             return []
         key = cur.key()

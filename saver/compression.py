@@ -98,6 +98,7 @@ __all__ = [
     "CompressingSerializer",
     "EncryptedValueError",
     "loader",
+    "value_readers",
     "with_msgpack_allowlist",
     "wrap",
 ]
@@ -254,7 +255,7 @@ class CompressingSerializer(SerializerProtocol):
         # and a new context costs several compressions (~50 µs).
         self._compressors: list[zstandard.ZstdCompressor] = []
         self._dict_compressors: list[zstandard.ZstdCompressor] = []
-        self._loader: tuple[Any, Callable[[tuple[str, bytes]], Any]] | None = None  # loader()
+        self._loader: tuple[Any, Callable[[tuple[str, bytes]], Any], Any] | None = None  # loader()
 
     def _compress(self, data: bytes, small: bool = False) -> bytes:
         """zstd of ``data`` (``small``: with ``SMALL_DICT``) with a compressor
@@ -418,8 +419,27 @@ def loader(serde: SerializerProtocol) -> Callable[[tuple[str, bytes]], Any]:
             return unpackb(inflate_small(raw), ext_hook=hook, option=option)
         return slow(data)
 
-    serde._loader = (stock, loads)
+    def unpack(raw: bytes) -> Any:
+        return unpackb(raw, ext_hook=hook, option=option)
+
+    serde._loader = (stock, loads, (unpack, inflate))
     return loads
+
+
+def value_readers(
+    serde: SerializerProtocol,
+) -> tuple[Callable[[bytes], Any], Callable[[bytes], bytes]] | None:
+    """(unpack, inflate) of ``loader(serde)``'s fast path, or None when it has
+    none: msgpack bytes -> the value as ``loads`` makes it, and the bytes of a
+    ``".zst"`` value -> its msgpack bytes. For a reader that finds the type
+    in its own record (a channel value's, ``delta.Codec.values``): it skips
+    the (type, bytes) tuple, a call and the type switch per value, a dozen
+    per checkpoint read (issue #13)."""
+    loads = loader(serde)
+    fast = serde._loader if isinstance(serde, CompressingSerializer) else None
+    if fast is None or fast[1] is not loads:
+        return None
+    return fast[2]
 
 
 def _find(serde: SerializerProtocol) -> CompressingSerializer | None:

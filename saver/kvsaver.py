@@ -181,7 +181,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
 
     store: Store
     _legacy_writes = False  # format-1 write keys may be present (read-only open)
-    _reader_cache: tuple[Any, Any, Any] | None = None  # _readers()
+    _reader_cache: tuple[Any, ...] | None = None  # _readers()
     _pipelined = False  # set by __init__ from the store
 
     def __init__(
@@ -352,12 +352,20 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         needs both, and ``with_allowlist`` copies replace ``serde``)."""
         cached = self._reader_cache
         if cached is None or cached[0] is not self.serde:
-            cached = self._reader_cache = (
-                self.serde,
-                C.loader(self.serde),
-                D.codec(self.serde).typed,
-            )
+            cached = self._new_readers()
         return cached[1], cached[2]
+
+    def _new_readers(self) -> tuple[Any, ...]:
+        """``_reader_cache``: (serde, loads, typed, codec's values, value_readers)."""
+        codec = D.codec(self.serde)
+        self._reader_cache = (
+            self.serde,
+            C.loader(self.serde),
+            codec.typed,
+            codec.values,
+            C.value_readers(self.serde),
+        )
+        return self._reader_cache
 
     def _load_tuple(
         self,
@@ -370,21 +378,24 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         """A stored checkpoint record -> CheckpointTuple (blobs and writes
         read in the same transaction). Used by get_tuple and list alike.
         ``checkpoint``: ``rec.checkpoint`` already decoded (``_load_page``)."""
-        loads, blob = self._readers()
+        cached = self._reader_cache
+        if cached is None or cached[0] is not self.serde:
+            cached = self._new_readers()
+        _, loads, _, load_values, fast = cached
         thread, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
         if checkpoint is None:
             checkpoint = loads(rec.checkpoint)
-        values: dict[str, Any] = {}
-        keyed = S.blob_keys(thread, ns, checkpoint["channel_versions"])
+        versions = checkpoint["channel_versions"]
+        keys = S.read_blob_keys(thread, ns, versions)
         # Issue #14: on a network store the blobs are one get_many, and the
         # writes scan, called first (and taken over by _load_writes' identical
         # scan), travels in the same round trip. Local stores skip it.
         if self._pipelined:
             txn.scan(*S.writes_range(thread, ns, cid))
-        for (channel, key), raw in zip(keyed, txn.get_many([key for _, key in keyed])):
-            if (typed := blob(txn, key, raw)) is not None:  # whole or delta
-                values[channel] = loads(typed)
-        checkpoint["channel_values"] = values
+        # Whole or delta values, loaded in one loop (issue #13).
+        checkpoint["channel_values"] = load_values(
+            txn, versions, keys, txn.get_many(keys), loads, fast
+        )
         writes: list[PendingWrite] = [
             (w.task_id, w.channel, loads(w.value)) for w in self._load_writes(txn, thread, ns, cid)
         ]
