@@ -834,6 +834,8 @@ os.register_at_fork(
 
 
 class _LMDBTxn:
+    __slots__ = ("_env", "_log", "_store", "_txn", "_write")
+
     def __init__(
         self,
         store: LMDBStore,
@@ -937,6 +939,9 @@ class _LMDBTxn:
         )
 
 
+_new_txn = object.__new__
+
+
 class _ReadContext:
     """``LMDBStore.read()``: a class rather than a ``@contextmanager``
     generator, which costs several microseconds more on every read."""
@@ -959,7 +964,11 @@ class _ReadContext:
         except BaseException:
             gate.restore(held)  # exact, wherever an interrupt landed
             raise
-        return _LMDBTxn(store, env, self._txn, write=False)
+        # The read wrapper built without __init__'s call (issue #13: every read).
+        wrapper = _new_txn(_LMDBTxn)
+        wrapper._store, wrapper._env, wrapper._txn = store, env, self._txn
+        wrapper._write, wrapper._log = False, None
+        return wrapper
 
     def __exit__(self, *exc: object) -> None:
         try:

@@ -342,7 +342,7 @@ def writes_range(
         return prefix_range((WRITE, k(thread), k(ns)))
     # Every read of a checkpoint comes here: the (thread, ns) prefix is packed
     # once (as checkpoint_key), the checkpoint id's element each time.
-    p = _thread_ns_prefix(WRITE, thread, ns) + pack((k(checkpoint_id),))
+    p = _thread_ns_prefix(WRITE, thread, ns) + _el(checkpoint_id)
     return p + b"\x00", p + b"\xff"  # as prefix_range
 
 
