@@ -644,6 +644,10 @@ def test_memoized_checkpoint_and_blob_keys_are_the_packed_tuples(
         assert S.blob_keys(thread, ns, versions) == [
             (ch, S.blob_key(thread, ns, ch, cid)) for ch in versions
         ]
+        mixed = {ch: [cid, 7, 0.5, True][i % 4] for i, ch in enumerate(channels)}
+        assert S.read_blob_keys(thread, ns, mixed) == [
+            pack((S.BLOB, S.k(thread), S.k(ns), S.k(ch), S._ver(v))) for ch, v in mixed.items()
+        ]
 
 
 _versions = (
