@@ -302,29 +302,29 @@ class Codec:
         keys: Iterable[bytes],
         raws: Iterable[bytes | None],
         loads: Callable[[S.Typed], Any],
-        fast: tuple[Callable[[bytes], Any], Callable[[bytes], bytes]] | None,
+        fast: C.ValueReaders | None,
     ) -> dict[str, Any]:
         """{channel: ``loads(typed(txn, key, raw))``} of a checkpoint's stored
         blobs, skipping those with no value, in one loop: a read loads every
-        channel (issue #13). ``fast``: ``compression.value_readers``' (unpack,
-        inflate), which load the two common records (plain and zstd msgpack)
-        without building a (type, bytes) pair first; None: ``loads`` alone."""
+        channel (issue #13). ``fast``: ``compression.value_readers``, which
+        load the two common records (plain and zstd msgpack) without a
+        (type, bytes) pair or a call of ours first; None: ``loads`` alone."""
         out: dict[str, Any] = {}
         if fast is None:
             for ch, key, raw in zip(channels, keys, raws):
                 if (typed := self.typed(txn, key, raw)) is not None:
                     out[ch] = loads(typed)
             return out
-        unpack, inflate = fast
+        unpackb, hook, option, inflate = fast
         plain, packed = S.BLOB_PREFIX_MSGPACK, S.BLOB_PREFIX_MSGPACK_ZST
         n, m = len(plain), len(packed)
         for ch, key, raw in zip(channels, keys, raws):
             if raw is None:
                 continue
             if raw.startswith(plain):
-                out[ch] = unpack(raw[n:])
+                out[ch] = unpackb(raw[n:], ext_hook=hook, option=option)
             elif raw.startswith(packed):
-                out[ch] = unpack(inflate(raw[m:]))
+                out[ch] = unpackb(inflate(raw[m:]), ext_hook=hook, option=option)
             elif (typed := self.typed(txn, key, raw)) is not None:
                 out[ch] = loads(typed)
         return out
