@@ -315,6 +315,9 @@ class _Env:
         self.max_key = self.env.max_key_size()
         self.psize = int(self.env.stat()["psize"])
         self.metas = _map_metas(self.path, self.psize)  # see last_txnid()
+        # Both meta pages' transaction ids in one unpack (every read begins
+        # with last_txnid()): the first, psize - 8 bytes skipped, the second.
+        self.txnids = struct.Struct(f"<Q{self.psize - _TXNID.size}xQ").unpack_from
         self.readers_checked_at = self.used_bytes()  # see check_readers()
         # Last: check_fork()'s unlocked fast path reads pid, so another thread
         # of a forked child must not see our pid before the new env is ready.
@@ -422,8 +425,7 @@ class _Env:
         read to threads that then kept it for a switch interval (5 ms); and it
         builds a dict (issue #13). The same bytes info() reads, through the
         same page cache, so the same value whenever LMDB's own would be."""
-        m, at = self.metas, _TXNID_AT
-        a, b = _TXNID.unpack_from(m, at)[0], _TXNID.unpack_from(m, self.psize + at)[0]
+        a, b = self.txnids(self.metas, _TXNID_AT)
         return a if a > b else b
 
     def used_by_meta(self) -> int:
@@ -970,13 +972,13 @@ class _ReadContext:
         wrapper._write, wrapper._log = False, None
         return wrapper
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         try:
             self._txn.abort()
         finally:
             self._env.gate.release_shared()
-        if isinstance(exc[1], _DAMAGE):
-            raise _damaged(self._env.path, exc[1]) from exc[1]
+        if exc is not None and isinstance(exc, _DAMAGE):
+            raise _damaged(self._env.path, exc) from exc
 
 
 def _with_reserve(cap: int) -> int:
