@@ -339,12 +339,46 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # whole scan. A pipelining store sent the range's read already: no probe.
         if not self._pipelined and not next(iter(txn.scan(start, stop, limit=1)), None):
             return []
-        recs = [S.decode_write(v) for _, v in txn.scan(start, stop)]
+        return self._in_read_order([S.decode_write(v) for _, v in txn.scan(start, stop)])
+
+    def _in_read_order(self, recs: builtins.list[S.WriteRecord]) -> builtins.list[S.WriteRecord]:
+        """One checkpoint's stored writes (in key order) in the order reads return them."""
+        if not recs:
+            return recs
         # Keys are (task_id, idx), the identity; reads are in task_path order.
         recs.sort(key=lambda w: writes_sort_key(w.task_path, w.task_id, w.idx))
         if self._legacy_writes:  # a format-1 store opened read-only
             return U.first_per_identity(recs)
         return recs
+
+    def _page_writes(
+        self, txn: Any, found: builtins.list[tuple[S.CheckpointRecord, Any]]
+    ) -> dict[str, builtins.list[S.WriteRecord]] | None:
+        """checkpoint id -> ``_load_writes`` of each checkpoint of a ``list``
+        page of consecutive checkpoints of one (thread, ns), by one scan over
+        their writes, instead of one probe per checkpoint (issue #13); None
+        when the page is not one such run (``_load_writes`` then, each)."""
+        t, ns = found[0][0].thread_id, found[0][0].checkpoint_ns
+        starts: dict[bytes, str] = {}
+        for rec, _ in found:
+            if rec.thread_id != t or rec.checkpoint_ns != ns:
+                return None
+            starts[S.writes_range(t, ns, rec.checkpoint_id)[0][:-1]] = rec.checkpoint_id
+        lo = S.writes_range(t, ns, found[-1][0].checkpoint_id)[0]  # found: newest first
+        hi = S.writes_range(t, ns, found[0][0].checkpoint_id)[1]
+        if lo >= hi:  # not newest first after all (ids out of key order): one by one
+            return None
+        lengths = sorted({len(p) for p in starts})
+        out: dict[str, builtins.list[S.WriteRecord]] = {}
+        for key, raw in txn.scan(lo, hi):
+            for n in lengths:
+                # The checkpoint id's element ends at n unless an escaped NUL
+                # (0x00 0xff) continues it there: then it is a longer id's.
+                cid = starts.get(key[:n])
+                if cid is not None and key[n : n + 1] != b"\xff":
+                    out.setdefault(cid, []).append(S.decode_write(raw))
+                    break
+        return {cid: self._in_read_order(recs) for cid, recs in out.items()}
 
     def _readers(self) -> tuple[Callable[[S.Typed], Any], Callable[..., S.Typed | None]]:
         """(loads, blob) for this saver's serializer: ``C.loader`` and the
@@ -374,10 +408,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         config: RunnableConfig | None = None,
         metadata: CheckpointMetadata | None = None,
         checkpoint: Checkpoint | None = None,
+        stored_writes: builtins.list[S.WriteRecord] | None = None,
     ) -> CheckpointTuple:
         """A stored checkpoint record -> CheckpointTuple (blobs and writes
         read in the same transaction). Used by get_tuple and list alike.
-        ``checkpoint``: ``rec.checkpoint`` already decoded (``_load_page``)."""
+        ``checkpoint``: ``rec.checkpoint`` already decoded (``_load_page``);
+        ``stored_writes``: its ``_load_writes``, already read (``_page_writes``)."""
         cached = self._reader_cache
         if cached is None or cached[0] is not self.serde:
             cached = self._new_readers()
@@ -396,9 +432,9 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         checkpoint["channel_values"] = load_values(
             txn, versions, keys, txn.get_many(keys), loads, fast
         )
-        writes: list[PendingWrite] = [
-            (w.task_id, w.channel, loads(w.value)) for w in self._load_writes(txn, thread, ns, cid)
-        ]
+        if stored_writes is None:
+            stored_writes = self._load_writes(txn, thread, ns, cid)
+        writes: list[PendingWrite] = [(w.task_id, w.channel, loads(w.value)) for w in stored_writes]
         return CheckpointTuple(
             config=config if config is not None else _config(thread, ns, cid),
             checkpoint=checkpoint,
@@ -408,14 +444,28 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         )
 
     def _load_page(
-        self, txn: Any, found: builtins.list[tuple[S.CheckpointRecord, Any]]
+        self,
+        txn: Any,
+        found: builtins.list[tuple[S.CheckpointRecord, Any]],
+        consecutive: bool = False,
     ) -> builtins.list[CheckpointTuple]:
         """``_load_tuple`` of each (record, metadata) of a ``list`` page. On a
         store that pipelines reads (issue #14), the page's writes scans and
         blobs go first, all in one round trip (a constant number per page,
-        not one per checkpoint); ``_load_tuple`` then finds them read."""
-        if len(found) < 2 or not self._pipelined:
+        not one per checkpoint); ``_load_tuple`` then finds them read.
+        ``consecutive``: the page holds every checkpoint between its first
+        and its last (no filter skipped any): their writes are one scan."""
+        if len(found) < 2:
             return [self._load_tuple(txn, rec, metadata=m) for rec, m in found]
+        if not self._pipelined:
+            page = self._page_writes(txn, found) if consecutive else None
+            if page is None:
+                return [self._load_tuple(txn, rec, metadata=m) for rec, m in found]
+            of = page.get
+            return [
+                self._load_tuple(txn, rec, metadata=m, stored_writes=of(rec.checkpoint_id) or [])
+                for rec, m in found
+            ]
         loads = self._readers()[0]
         checkpoints = [loads(rec.checkpoint) for rec, _ in found]
         keys: builtins.list[bytes] = []
@@ -528,7 +578,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                         remaining -= 1
                         if remaining == 0:
                             break
-                chunk = self._load_page(txn, found)
+                chunk = self._load_page(txn, found, consecutive=config is not None and not filter)
             if chunk:
                 yield chunk
             if exhausted or remaining == 0:
