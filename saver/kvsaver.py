@@ -435,12 +435,13 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         if stored_writes is None:
             stored_writes = self._load_writes(txn, thread, ns, cid)
         writes: list[PendingWrite] = [(w.task_id, w.channel, loads(w.value)) for w in stored_writes]
+        # Positional: half the cost of keywords (a NamedTuple's __new__).
         return CheckpointTuple(
-            config=config if config is not None else _config(thread, ns, cid),
-            checkpoint=checkpoint,
-            metadata=metadata if metadata is not None else loads(rec.metadata),
-            parent_config=_config(thread, ns, rec.parent_id) if rec.parent_id else None,
-            pending_writes=writes,
+            config if config is not None else _config(thread, ns, cid),  # config
+            checkpoint,
+            metadata if metadata is not None else loads(rec.metadata),  # metadata
+            _config(thread, ns, rec.parent_id) if rec.parent_id else None,  # parent_config
+            writes,  # pending_writes
         )
 
     def _load_page(

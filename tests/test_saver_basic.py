@@ -293,6 +293,19 @@ def test_list_gives_each_checkpoint_its_own_writes(kv: KVSaver) -> None:
             assert t.pending_writes == want[(c["checkpoint_ns"], c["checkpoint_id"])], (conf, kw)
 
 
+def test_checkpoint_tuple_fields_are_in_the_order_load_tuple_builds_them() -> None:
+    # Issue #13: KVSaver._load_tuple builds CheckpointTuple positionally.
+    from langgraph.checkpoint.base import CheckpointTuple
+
+    assert CheckpointTuple._fields == (
+        "config",
+        "checkpoint",
+        "metadata",
+        "parent_config",
+        "pending_writes",
+    )
+
+
 def test_retried_writes_are_ignored_and_special_ones_replace(kv: KVSaver) -> None:
     kv.put(config("t"), make_checkpoint("1"), {}, {})
     c = config("t", "", "1")
