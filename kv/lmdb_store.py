@@ -1028,6 +1028,25 @@ def _scan(
     txn: lmdb.Transaction, max_key: int, start: bytes | None, stop: bytes | None, reverse: bool
 ) -> Iterator[tuple[bytes, bytes]]:
     with txn.cursor() as cur:
+        # Bounds LMDB takes as they are (every scan of ours): positioned as in
+        # _seek, then py-lmdb's own iterators, a pair per C call, against the
+        # far bound only (issue #13: a checkpoint's pending writes, a list).
+        if not reverse and start is not None and 0 < len(start) <= max_key:
+            if not cur.set_range(start):
+                return
+            for key, value in cur.iternext():
+                if stop is not None and key >= stop:
+                    return
+                yield key, value
+            return
+        if reverse and stop is not None and 0 < len(stop) <= max_key:
+            if not (cur.prev() if cur.set_range(stop) else cur.last()):
+                return
+            for key, value in cur.iterprev():
+                if start is not None and key < start:
+                    return
+                yield key, value
+            return
         ok = _seek(cur, max_key, start, stop, reverse)
         while ok and not _beyond(cur.key(), start, stop, reverse):
             yield cur.key(), cur.value()

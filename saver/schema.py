@@ -559,7 +559,13 @@ def decode_checkpoint(raw: bytes) -> CheckpointRecord:
         t, ns, cid, parent, ctype, cbytes, mtype, mbytes, run_id, meta = ormsgpack.unpackb(raw)
     except (ValueError, TypeError) as e:
         raise _damaged("checkpoint", e) from e
-    return CheckpointRecord(t, ns, cid, parent, (ctype, cbytes), (mtype, mbytes), run_id, meta)
+    # tuple.__new__: a NamedTuple's own __new__ is a Python frame (every read).
+    return _new_tuple(
+        CheckpointRecord, (t, ns, cid, parent, (ctype, cbytes), (mtype, mbytes), run_id, meta)
+    )
+
+
+_new_tuple = tuple.__new__
 
 
 def encode_blob(typed: Typed | None) -> bytes:
@@ -620,7 +626,7 @@ def decode_write(raw: bytes) -> WriteRecord:
         task_id, channel, vtype, vbytes, task_path, idx = ormsgpack.unpackb(raw)
     except (ValueError, TypeError) as e:
         raise _damaged("write", e) from e
-    return WriteRecord(task_id, channel, (vtype, vbytes), task_path, idx)
+    return _new_tuple(WriteRecord, (task_id, channel, (vtype, vbytes), task_path, idx))
 
 
 def encode_activity(ms: int, thread: str) -> bytes:
