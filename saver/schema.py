@@ -261,24 +261,35 @@ def read_blob_keys(thread: str, ns: str, versions: Mapping[str, Any]) -> list[by
     """The keys of ``blob_keys``, in ``versions``' order, built inline: every
     read of a checkpoint keys all its channels (issue #13). The channel's
     element from its memo (a graph has a few channels), the version's
-    encoded here as ``_el`` does (an ASCII string without NUL, short enough
-    to stay inline: every version LangGraph makes), not memoized: a read of
-    a checkpoint not read lately (another process's, a cold store) missed
-    that memo for each channel and paid a miss, the encoding and an insert,
-    three times what encoding alone costs; a hit saved a fifth of it.
-    Anything else goes through ``_blob_suffix``."""
+    encoded here as ``_el`` does, not memoized: a read of a checkpoint not
+    read lately (another process's, a cold store) missed that memo for each
+    channel and paid a miss, the encoding and an insert, three times what
+    encoding alone costs; a hit saved a fifth of it. Versions are checked
+    together (all ASCII strings without NUL, short enough to stay inline:
+    every version LangGraph makes), not one by one; otherwise each goes
+    through ``_blob_suffix``."""
     prefix = _thread_ns_prefix(BLOB, thread, ns)
+    vs = versions.values()
+    try:
+        joined = "".join(vs)
+    except TypeError:  # a version that is not a str (an int, a float)
+        joined = None
+    if (
+        joined is None
+        or not joined.isascii()
+        or "\x00" in joined
+        or max(map(len, vs), default=0) > _MAX_INLINE
+    ):
+        return [prefix + _blob_suffix(ch, v) for ch, v in versions.items()]
     ce = _CHANNEL_ELEMENTS.get
     return [
-        prefix + c + b"\x02" + v.encode() + b"\x00"
-        if type(v) is str
-        and (c := ce(ch)) is not None
-        and len(v) <= _MAX_INLINE
-        and v.isascii()
-        and "\x00" not in v
-        else prefix + _blob_suffix(ch, v)
+        prefix + (ce(ch) or _channel_element(ch)) + b"\x02" + v.encode() + b"\x00"
         for ch, v in versions.items()
     ]
+
+
+def _channel_element(ch: str) -> bytes:
+    return _memo(_CHANNEL_ELEMENTS, ch, _el(ch))
 
 
 def _str_key_element(s: str) -> bytes:
