@@ -333,12 +333,11 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     def _load_writes(
         self, txn: Any, thread: str, ns: str, checkpoint_id: str
     ) -> list[S.WriteRecord]:
+        # One scan, no probe first: most checkpoints have no writes (every
+        # latest one between supersteps), and an empty LMDB scan now costs
+        # what the probe did (issue #13), while a checkpoint with writes paid
+        # a second positioning (a memory store's probe was the scan, sliced).
         start, stop = S.writes_range(thread, ns, checkpoint_id)
-        # Most checkpoints have none (every latest one between supersteps): one
-        # step (scan's limit=1 path) answers that for less than setting up a
-        # whole scan. A pipelining store sent the range's read already: no probe.
-        if not self._pipelined and not next(iter(txn.scan(start, stop, limit=1)), None):
-            return []
         return self._in_read_order([S.decode_write(v) for _, v in txn.scan(start, stop)])
 
     def _in_read_order(self, recs: builtins.list[S.WriteRecord]) -> builtins.list[S.WriteRecord]:
