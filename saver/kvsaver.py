@@ -362,7 +362,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     ) -> dict[str, builtins.list[S.WriteRecord]] | None:
         """checkpoint id -> ``_load_writes`` of each checkpoint of a ``list``
         page of consecutive checkpoints of one (thread, ns), by one scan over
-        their writes, instead of one probe per checkpoint (issue #13); None
+        their writes, instead of a scan per checkpoint (issue #13); None
         when the page is not one such run (``_load_writes`` then, each)."""
         t, ns = found[0][0].thread_id, found[0][0].checkpoint_ns
         starts: dict[bytes, str] = {}
