@@ -95,8 +95,15 @@ def _thread_ns(config: RunnableConfig, what: str) -> tuple[str, str, Mapping[str
             "belongs to a thread, e.g. {'configurable': {'thread_id': 'user-42'}}"
         )
     ns = conf.get("checkpoint_ns")
-    thread = _id(thread, f"{what}: config['configurable']['thread_id']")
-    return thread, "" if ns is None else _id(ns, f"{what}: checkpoint_ns"), conf
+    # _id's common case first, inline: every read and write comes here, and
+    # the labels were formatted on every call for errors that never came.
+    if type(thread) is not str or not thread.isascii():
+        thread = _id(thread, f"{what}: config['configurable']['thread_id']")
+    if ns is None:
+        ns = ""
+    elif type(ns) is not str or not ns.isascii():
+        ns = _id(ns, f"{what}: checkpoint_ns")
+    return thread, ns, conf
 
 
 def _id(value: Any, what: str) -> str:
