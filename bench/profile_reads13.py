@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _workloads import KV_LMDB, R13_FILTER, build_store13, close_saver
 from kvsaver import compression as C
+from kvsaver import delta as D
 from kvsaver import schema as S
 from kvsaver import threads as TH
 from profile_kvsaver import cprofile_table, profile_call
@@ -59,16 +60,16 @@ def steps(saver: Any, ids: list[str], rounds: int = 7) -> list[str]:
     def gets(t: str) -> None:
         with store.read() as txn:
             rec = S.decode_checkpoint(TH.find_record(txn, t, "", None))
-            keyed = S.blob_keys(t, "", loads(rec.checkpoint)["channel_versions"])
-            txn.get_many([k for _, k in keyed])
+            txn.get_many(S.read_blob_keys(t, "", loads(rec.checkpoint)["channel_versions"]))
 
-    def values(t: str) -> None:
+    codec, fast = D.codec(saver.serde), C.value_readers(saver.serde)
+
+    def values(t: str) -> None:  # as KVSaver._load_tuple loads them
         with store.read() as txn:
             rec = S.decode_checkpoint(TH.find_record(txn, t, "", None))
-            keyed = S.blob_keys(t, "", loads(rec.checkpoint)["channel_versions"])
-            for raw in txn.get_many([k for _, k in keyed]):
-                if (typed := S.decode_blob(raw)) is not None:
-                    loads(typed)
+            versions = loads(rec.checkpoint)["channel_versions"]
+            keys = S.read_blob_keys(t, "", versions)
+            codec.values(txn, versions, keys, txn.get_many(keys), loads, fast)
 
     def whole(t: str) -> None:
         saver.get_tuple({"configurable": {"thread_id": t, "checkpoint_ns": ""}})

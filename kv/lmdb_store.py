@@ -325,6 +325,9 @@ class _Env:
         self.max_key = self.env.max_key_size()
         self.psize = int(self.env.stat()["psize"])
         self.metas = _map_metas(self.path, self.psize)  # see last_txnid()
+        # Both meta pages' transaction ids in one unpack (every read begins
+        # with last_txnid()): the first, psize - 8 bytes skipped, the second.
+        self.txnids = struct.Struct(f"<Q{self.psize - _TXNID.size}xQ").unpack_from
         self.readers_checked_at = self.used_bytes()  # see check_readers()
         # Last: check_fork()'s unlocked fast path reads pid, so another thread
         # of a forked child must not see our pid before the new env is ready.
@@ -463,8 +466,7 @@ class _Env:
         read to threads that then kept it for a switch interval (5 ms); and it
         builds a dict (issue #13). The same bytes info() reads, through the
         same page cache, so the same value whenever LMDB's own would be."""
-        m, at = self.metas, _TXNID_AT
-        a, b = _TXNID.unpack_from(m, at)[0], _TXNID.unpack_from(m, self.psize + at)[0]
+        a, b = self.txnids(self.metas, _TXNID_AT)
         return a if a > b else b
 
     def used_by_meta(self) -> int:
@@ -884,6 +886,8 @@ os.register_at_fork(
 
 
 class _LMDBTxn:
+    __slots__ = ("_env", "_log", "_store", "_txn", "_write")
+
     def __init__(
         self,
         store: LMDBStore,
@@ -987,6 +991,9 @@ class _LMDBTxn:
         )
 
 
+_new_txn = object.__new__
+
+
 class _ReadContext:
     """``LMDBStore.read()``: a class rather than a ``@contextmanager``
     generator, which costs several microseconds more on every read."""
@@ -1009,15 +1016,19 @@ class _ReadContext:
         except BaseException:
             gate.restore(held)  # exact, wherever an interrupt landed
             raise
-        return _LMDBTxn(store, env, self._txn, write=False)
+        # The read wrapper built without __init__'s call (issue #13: every read).
+        wrapper = _new_txn(_LMDBTxn)
+        wrapper._store, wrapper._env, wrapper._txn = store, env, self._txn
+        wrapper._write, wrapper._log = False, None
+        return wrapper
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         try:
             self._txn.abort()
         finally:
             self._env.gate.release_shared()
-        if isinstance(exc[1], _DAMAGE):
-            raise _damaged(self._env.path, exc[1]) from exc[1]
+        if exc is not None and isinstance(exc, _DAMAGE):
+            raise _damaged(self._env.path, exc) from exc
 
 
 def _with_reserve(cap: int) -> int:
@@ -1067,6 +1078,25 @@ def _scan(
     txn: lmdb.Transaction, max_key: int, start: bytes | None, stop: bytes | None, reverse: bool
 ) -> Iterator[tuple[bytes, bytes]]:
     with txn.cursor() as cur:
+        # Bounds LMDB takes as they are (every scan of ours): positioned as in
+        # _seek, then py-lmdb's own iterators, a pair per C call, against the
+        # far bound only (issue #13: a checkpoint's pending writes, a list).
+        if not reverse and start is not None and 0 < len(start) <= max_key:
+            if not cur.set_range(start):
+                return
+            for key, value in cur.iternext():
+                if stop is not None and key >= stop:
+                    return
+                yield key, value
+            return
+        if reverse and stop is not None and 0 < len(stop) <= max_key:
+            if not (cur.prev() if cur.set_range(stop) else cur.last()):
+                return
+            for key, value in cur.iterprev():
+                if start is not None and key < start:
+                    return
+                yield key, value
+            return
         ok = _seek(cur, max_key, start, stop, reverse)
         while ok and not _beyond(cur.key(), start, stop, reverse):
             yield cur.key(), cur.value()
@@ -1078,6 +1108,20 @@ def _one(
 ) -> list[tuple[bytes, bytes]]:
     """``list(islice(_scan(...), 1))`` without a generator."""
     with txn.cursor() as cur:
+        if stop is not None and reverse and 0 < len(stop) <= max_key:
+            # Every get_tuple of a latest checkpoint: _seek and _beyond inline
+            # (issue #13). The key before the first key >= stop, else the last
+            # key: below stop either way.
+            if not (cur.prev() if cur.set_range(stop) else cur.last()):
+                return []
+            key = cur.key()
+            return [] if start is not None and key < start else [(key, cur.value())]
+        if start is not None and not reverse and 0 < len(start) <= max_key:
+            # Every read's pending-writes probe: the first key >= start.
+            if not cur.set_range(start):
+                return []
+            key = cur.key()
+            return [] if stop is not None and key >= stop else [(key, cur.value())]
         if not _seek(cur, max_key, start, stop, reverse):
             return []
         key = cur.key()

@@ -295,6 +295,40 @@ class Codec:
             raise CorruptStoreError(f"the delta value at {key!r} does not rebuild to a list")
         return "msgpack", e.plain
 
+    def values(
+        self,
+        txn: Any,
+        channels: Iterable[str],
+        keys: Iterable[bytes],
+        raws: Iterable[bytes | None],
+        loads: Callable[[S.Typed], Any],
+        fast: C.ValueReaders | None,
+    ) -> dict[str, Any]:
+        """{channel: ``loads(typed(txn, key, raw))``} of a checkpoint's stored
+        blobs, skipping those with no value, in one loop: a read loads every
+        channel (issue #13). ``fast``: ``compression.value_readers``, which
+        load the two common records (plain and zstd msgpack) without a
+        (type, bytes) pair or a call of ours first; None: ``loads`` alone."""
+        out: dict[str, Any] = {}
+        if fast is None:
+            for ch, key, raw in zip(channels, keys, raws):
+                if (typed := self.typed(txn, key, raw)) is not None:
+                    out[ch] = loads(typed)
+            return out
+        unpackb, hook, option, inflate = fast
+        plain, packed = S.BLOB_PREFIX_MSGPACK, S.BLOB_PREFIX_MSGPACK_ZST
+        n, m = len(plain), len(packed)
+        for ch, key, raw in zip(channels, keys, raws):
+            if raw is None:
+                continue
+            if raw.startswith(plain):
+                out[ch] = unpackb(raw[n:], ext_hook=hook, option=option)
+            elif raw.startswith(packed):
+                out[ch] = unpackb(inflate(raw[m:]), ext_hook=hook, option=option)
+            elif (typed := self.typed(txn, key, raw)) is not None:
+                out[ch] = loads(typed)
+        return out
+
     def resolve(self, txn: Any, key: bytes, raw: bytes) -> _Entry | None:
         """The whole value of a stored list (whole or delta), or None when the
         record holds no list (another type, or the empty marker)."""

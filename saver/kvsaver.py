@@ -95,8 +95,15 @@ def _thread_ns(config: RunnableConfig, what: str) -> tuple[str, str, Mapping[str
             "belongs to a thread, e.g. {'configurable': {'thread_id': 'user-42'}}"
         )
     ns = conf.get("checkpoint_ns")
-    thread = _id(thread, f"{what}: config['configurable']['thread_id']")
-    return thread, "" if ns is None else _id(ns, f"{what}: checkpoint_ns"), conf
+    # _id's common case first, inline: every read and write comes here, and
+    # the labels were formatted on every call for errors that never came.
+    if type(thread) is not str or not thread.isascii():
+        thread = _id(thread, f"{what}: config['configurable']['thread_id']")
+    if ns is None:
+        ns = ""
+    elif type(ns) is not str or not ns.isascii():
+        ns = _id(ns, f"{what}: checkpoint_ns")
+    return thread, ns, conf
 
 
 def _id(value: Any, what: str) -> str:
@@ -181,7 +188,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
 
     store: Store
     _legacy_writes = False  # format-1 write keys may be present (read-only open)
-    _reader_cache: tuple[Any, Any, Any] | None = None  # _readers()
+    _reader_cache: tuple[Any, ...] | None = None  # _readers()
     _pipelined = False  # set by __init__ from the store
 
     def __init__(
@@ -333,18 +340,58 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     def _load_writes(
         self, txn: Any, thread: str, ns: str, checkpoint_id: str
     ) -> list[S.WriteRecord]:
+        # One scan, no probe first: most checkpoints have no writes (every
+        # latest one between supersteps), and an empty LMDB scan now costs
+        # what the probe did (issue #13), while a checkpoint with writes paid
+        # a second positioning (a memory store's probe was the scan, sliced).
         start, stop = S.writes_range(thread, ns, checkpoint_id)
-        # Most checkpoints have none (every latest one between supersteps): one
-        # step (scan's limit=1 path) answers that for less than setting up a
-        # whole scan. A pipelining store sent the range's read already: no probe.
-        if not self._pipelined and not next(iter(txn.scan(start, stop, limit=1)), None):
-            return []
-        recs = [S.decode_write(v) for _, v in txn.scan(start, stop)]
+        return self._in_read_order([S.decode_write(v) for _, v in txn.scan(start, stop)])
+
+    def _in_read_order(self, recs: builtins.list[S.WriteRecord]) -> builtins.list[S.WriteRecord]:
+        """One checkpoint's stored writes (in key order) in the order reads return them."""
+        if not recs:
+            return recs
         # Keys are (task_id, idx), the identity; reads are in task_path order.
-        recs.sort(key=lambda w: writes_sort_key(w.task_path, w.task_id, w.idx))
+        # The writes of one task (one put_writes: the common case) are in
+        # idx order already, which is writes_sort_key's order within a task
+        # (issue #13: the sort was a fifth of reading a checkpoint's writes).
+        p, t = recs[0].task_path, recs[0].task_id
+        for w in recs:
+            if w.task_path != p or w.task_id != t:
+                recs.sort(key=lambda w: writes_sort_key(w.task_path, w.task_id, w.idx))
+                break
         if self._legacy_writes:  # a format-1 store opened read-only
             return U.first_per_identity(recs)
         return recs
+
+    def _page_writes(
+        self, txn: Any, found: builtins.list[tuple[S.CheckpointRecord, Any]]
+    ) -> dict[str, builtins.list[S.WriteRecord]] | None:
+        """checkpoint id -> ``_load_writes`` of each checkpoint of a ``list``
+        page of consecutive checkpoints of one (thread, ns), by one scan over
+        their writes, instead of a scan per checkpoint (issue #13); None
+        when the page is not one such run (``_load_writes`` then, each)."""
+        t, ns = found[0][0].thread_id, found[0][0].checkpoint_ns
+        starts: dict[bytes, str] = {}
+        for rec, _ in found:
+            if rec.thread_id != t or rec.checkpoint_ns != ns:
+                return None
+            starts[S.writes_range(t, ns, rec.checkpoint_id)[0][:-1]] = rec.checkpoint_id
+        lo = S.writes_range(t, ns, found[-1][0].checkpoint_id)[0]  # found: newest first
+        hi = S.writes_range(t, ns, found[0][0].checkpoint_id)[1]
+        if lo >= hi:  # not newest first after all (ids out of key order): one by one
+            return None
+        lengths = sorted({len(p) for p in starts})
+        out: dict[str, builtins.list[S.WriteRecord]] = {}
+        for key, raw in txn.scan(lo, hi):
+            for n in lengths:
+                # The checkpoint id's element ends at n unless an escaped NUL
+                # (0x00 0xff) continues it there: then it is a longer id's.
+                cid = starts.get(key[:n])
+                if cid is not None and key[n : n + 1] != b"\xff":
+                    out.setdefault(cid, []).append(S.decode_write(raw))
+                    break
+        return {cid: self._in_read_order(recs) for cid, recs in out.items()}
 
     def _readers(self) -> tuple[Callable[[S.Typed], Any], Callable[..., S.Typed | None]]:
         """(loads, blob) for this saver's serializer: ``C.loader`` and the
@@ -352,12 +399,20 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         needs both, and ``with_allowlist`` copies replace ``serde``)."""
         cached = self._reader_cache
         if cached is None or cached[0] is not self.serde:
-            cached = self._reader_cache = (
-                self.serde,
-                C.loader(self.serde),
-                D.codec(self.serde).typed,
-            )
+            cached = self._new_readers()
         return cached[1], cached[2]
+
+    def _new_readers(self) -> tuple[Any, ...]:
+        """``_reader_cache``: (serde, loads, typed, codec's values, value_readers)."""
+        codec = D.codec(self.serde)
+        self._reader_cache = (
+            self.serde,
+            C.loader(self.serde),
+            codec.typed,
+            codec.values,
+            C.value_readers(self.serde),
+        )
+        return self._reader_cache
 
     def _load_tuple(
         self,
@@ -366,45 +421,65 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         config: RunnableConfig | None = None,
         metadata: CheckpointMetadata | None = None,
         checkpoint: Checkpoint | None = None,
+        stored_writes: builtins.list[S.WriteRecord] | None = None,
     ) -> CheckpointTuple:
         """A stored checkpoint record -> CheckpointTuple (blobs and writes
         read in the same transaction). Used by get_tuple and list alike.
-        ``checkpoint``: ``rec.checkpoint`` already decoded (``_load_page``)."""
-        loads, blob = self._readers()
+        ``checkpoint``: ``rec.checkpoint`` already decoded (``_load_page``);
+        ``stored_writes``: its ``_load_writes``, already read (``_page_writes``)."""
+        cached = self._reader_cache
+        if cached is None or cached[0] is not self.serde:
+            cached = self._new_readers()
+        _, loads, _, load_values, fast = cached
         thread, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
         if checkpoint is None:
             checkpoint = loads(rec.checkpoint)
-        values: dict[str, Any] = {}
-        keyed = S.blob_keys(thread, ns, checkpoint["channel_versions"])
+        versions = checkpoint["channel_versions"]
+        keys = S.read_blob_keys(thread, ns, versions)
         # Issue #14: on a network store the blobs are one get_many, and the
         # writes scan, called first (and taken over by _load_writes' identical
         # scan), travels in the same round trip. Local stores skip it.
         if self._pipelined:
             txn.scan(*S.writes_range(thread, ns, cid))
-        for (channel, key), raw in zip(keyed, txn.get_many([key for _, key in keyed])):
-            if (typed := blob(txn, key, raw)) is not None:  # whole or delta
-                values[channel] = loads(typed)
-        checkpoint["channel_values"] = values
-        writes: list[PendingWrite] = [
-            (w.task_id, w.channel, loads(w.value)) for w in self._load_writes(txn, thread, ns, cid)
-        ]
+        # Whole or delta values, loaded in one loop (issue #13).
+        checkpoint["channel_values"] = load_values(
+            txn, versions, keys, txn.get_many(keys), loads, fast
+        )
+        if stored_writes is None:
+            stored_writes = self._load_writes(txn, thread, ns, cid)
+        writes: list[PendingWrite] = [(w.task_id, w.channel, loads(w.value)) for w in stored_writes]
+        # Positional: half the cost of keywords (a NamedTuple's __new__).
         return CheckpointTuple(
-            config=config if config is not None else _config(thread, ns, cid),
-            checkpoint=checkpoint,
-            metadata=metadata if metadata is not None else loads(rec.metadata),
-            parent_config=_config(thread, ns, rec.parent_id) if rec.parent_id else None,
-            pending_writes=writes,
+            config if config is not None else _config(thread, ns, cid),  # config
+            checkpoint,
+            metadata if metadata is not None else loads(rec.metadata),  # metadata
+            _config(thread, ns, rec.parent_id) if rec.parent_id else None,  # parent_config
+            writes,  # pending_writes
         )
 
     def _load_page(
-        self, txn: Any, found: builtins.list[tuple[S.CheckpointRecord, Any]]
+        self,
+        txn: Any,
+        found: builtins.list[tuple[S.CheckpointRecord, Any]],
+        consecutive: bool = False,
     ) -> builtins.list[CheckpointTuple]:
         """``_load_tuple`` of each (record, metadata) of a ``list`` page. On a
         store that pipelines reads (issue #14), the page's writes scans and
         blobs go first, all in one round trip (a constant number per page,
-        not one per checkpoint); ``_load_tuple`` then finds them read."""
-        if len(found) < 2 or not self._pipelined:
+        not one per checkpoint); ``_load_tuple`` then finds them read.
+        ``consecutive``: the page holds every checkpoint between its first
+        and its last (no filter skipped any): their writes are one scan."""
+        if len(found) < 2:
             return [self._load_tuple(txn, rec, metadata=m) for rec, m in found]
+        if not self._pipelined:
+            page = self._page_writes(txn, found) if consecutive else None
+            if page is None:
+                return [self._load_tuple(txn, rec, metadata=m) for rec, m in found]
+            of = page.get
+            return [
+                self._load_tuple(txn, rec, metadata=m, stored_writes=of(rec.checkpoint_id) or [])
+                for rec, m in found
+            ]
         loads = self._readers()[0]
         checkpoints = [loads(rec.checkpoint) for rec, _ in found]
         keys: builtins.list[bytes] = []
@@ -517,7 +592,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                         remaining -= 1
                         if remaining == 0:
                             break
-                chunk = self._load_page(txn, found)
+                chunk = self._load_page(txn, found, consecutive=config is not None and not filter)
             if chunk:
                 yield chunk
             if exhausted or remaining == 0:

@@ -166,9 +166,11 @@ def _el(s: str) -> bytes:
     """``pack((k(s),))``. A plain ASCII string short enough to stay inline
     (every id and version LangGraph makes) is encoded directly: cheaper than
     the memo lookups, and a put's new ids and versions would only miss them
-    and push older entries out (issue #13)."""
+    and push older entries out (issue #13). ``encode()``, not
+    ``encode("ascii")``: the same bytes for ASCII, without looking the codec
+    up by name (half the cost of the encoding)."""
     if type(s) is str and len(s) <= _MAX_INLINE and s.isascii() and "\x00" not in s:
-        return b"\x02" + s.encode("ascii") + b"\x00"
+        return b"\x02" + s.encode() + b"\x00"
     return _str_key_element(s) if type(s) is str else pack((k(s),))
 
 
@@ -181,8 +183,8 @@ def _thread_ns_prefix(kind: str, thread: str, ns: str) -> bytes:
     tuple is its elements' encodings, concatenated)."""
     mark = (kind, thread, ns)
     prefix = _TN_CACHE.get(mark)
-    if prefix is None:
-        prefix = _memo(_TN_CACHE, mark, pack((kind, k(thread), k(ns))))
+    if prefix is None:  # a thread not read lately: each element by _el, no pack
+        prefix = _memo(_TN_CACHE, mark, _el(kind) + _el(thread) + _el(ns))
     return prefix
 
 
@@ -249,10 +251,45 @@ def blob_keys(
     element), since every read of a checkpoint keys all its channels.
     ``new=True`` (a put's new versions, never keyed before): not memoized,
     which would only cost a miss and an insert each (issue #13)."""
-    prefix = _thread_ns_prefix(BLOB, thread, ns)
     if new:
+        prefix = _thread_ns_prefix(BLOB, thread, ns)
         return [(ch, prefix + _new_blob_suffix(ch, v)) for ch, v in versions.items()]
-    return [(ch, prefix + _blob_suffix(ch, v)) for ch, v in versions.items()]
+    return list(zip(versions, read_blob_keys(thread, ns, versions)))
+
+
+def read_blob_keys(thread: str, ns: str, versions: Mapping[str, Any]) -> list[bytes]:
+    """The keys of ``blob_keys``, in ``versions``' order, built inline: every
+    read of a checkpoint keys all its channels (issue #13). The channel's
+    element from its memo (a graph has a few channels), the version's
+    encoded here as ``_el`` does, not memoized: a read of a checkpoint not
+    read lately (another process's, a cold store) missed that memo for each
+    channel and paid a miss, the encoding and an insert, three times what
+    encoding alone costs; a hit saved a fifth of it. Versions are checked
+    together (all ASCII strings without NUL, short enough to stay inline:
+    every version LangGraph makes), not one by one; otherwise each goes
+    through ``_blob_suffix``."""
+    prefix = _thread_ns_prefix(BLOB, thread, ns)
+    vs = versions.values()
+    try:
+        joined = "".join(vs)
+    except TypeError:  # a version that is not a str (an int, a float)
+        joined = None
+    if (
+        joined is None
+        or not joined.isascii()
+        or "\x00" in joined
+        or max(map(len, vs), default=0) > _MAX_INLINE
+    ):
+        return [prefix + _blob_suffix(ch, v) for ch, v in versions.items()]
+    ce = _CHANNEL_ELEMENTS.get
+    return [
+        prefix + (ce(ch) or _channel_element(ch)) + b"\x02" + v.encode() + b"\x00"
+        for ch, v in versions.items()
+    ]
+
+
+def _channel_element(ch: str) -> bytes:
+    return _memo(_CHANNEL_ELEMENTS, ch, _el(ch))
 
 
 def _str_key_element(s: str) -> bytes:
@@ -327,7 +364,7 @@ def writes_range(
         return prefix_range((WRITE, k(thread), k(ns)))
     # Every read of a checkpoint comes here: the (thread, ns) prefix is packed
     # once (as checkpoint_key), the checkpoint id's element each time.
-    p = _thread_ns_prefix(WRITE, thread, ns) + pack((k(checkpoint_id),))
+    p = _thread_ns_prefix(WRITE, thread, ns) + _el(checkpoint_id)
     return p + b"\x00", p + b"\xff"  # as prefix_range
 
 
@@ -533,7 +570,13 @@ def decode_checkpoint(raw: bytes) -> CheckpointRecord:
         t, ns, cid, parent, ctype, cbytes, mtype, mbytes, run_id, meta = ormsgpack.unpackb(raw)
     except (ValueError, TypeError) as e:
         raise _damaged("checkpoint", e) from e
-    return CheckpointRecord(t, ns, cid, parent, (ctype, cbytes), (mtype, mbytes), run_id, meta)
+    # tuple.__new__: a NamedTuple's own __new__ is a Python frame (every read).
+    return _new_tuple(
+        CheckpointRecord, (t, ns, cid, parent, (ctype, cbytes), (mtype, mbytes), run_id, meta)
+    )
+
+
+_new_tuple = tuple.__new__
 
 
 def encode_blob(typed: Typed | None) -> bytes:
@@ -545,6 +588,7 @@ def encode_blob(typed: Typed | None) -> bytes:
 
 
 BLOB_PREFIX_MSGPACK = b"msgpack\x00"  # encode_blob of a ("msgpack", ...) value
+BLOB_PREFIX_MSGPACK_ZST = b"msgpack.zst\x00"  # of a ("msgpack.zst", ...) value
 
 
 def decode_blob(raw: bytes | None) -> Typed | None:
@@ -593,7 +637,7 @@ def decode_write(raw: bytes) -> WriteRecord:
         task_id, channel, vtype, vbytes, task_path, idx = ormsgpack.unpackb(raw)
     except (ValueError, TypeError) as e:
         raise _damaged("write", e) from e
-    return WriteRecord(task_id, channel, (vtype, vbytes), task_path, idx)
+    return _new_tuple(WriteRecord, (task_id, channel, (vtype, vbytes), task_path, idx))
 
 
 def encode_activity(ms: int, thread: str) -> bytes:

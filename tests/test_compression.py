@@ -437,6 +437,38 @@ def test_loader_loads_what_loads_typed_loads(strict: bool) -> None:
     assert C.loader(allowed)(allowed.dumps_typed(Custom("x", 1))) == Custom("x", 1)
 
 
+@pytest.mark.parametrize("strict", [False, True])
+def test_values_loaded_inline_are_what_typed_then_loads_give(strict: bool) -> None:
+    """Issue #13: a checkpoint's values load in one loop (delta.Codec.values),
+    the plain and zstd msgpack records through compression.value_readers'
+    parts; every kind of stored record gives what typed() + loads() give,
+    and what the same loop without the fast parts gives."""
+    from kvsaver import delta as D
+    from kvsaver.kv import MemoryStore
+
+    serde = CompressingSerializer(_strict() if strict else JsonPlusSerializer())
+    fast, loads, codec = C.value_readers(serde), C.loader(serde), D.codec(serde)
+    assert fast is not None
+    raws = [S.encode_blob(serde.dumps_typed(v)) for v in _values()]
+    raws += [S.encode_blob(None), b"empty\x00", None]  # no value (both formats), no record
+    assert {raw[: raw.index(b"\x00")] for raw in raws[:-1]} >= {
+        b"msgpack", b"msgpack.zst", b"null", b"bytes", b"bytearray", b"empty"
+    }
+    channels = [f"c{i}" for i in range(len(raws))]
+    keys = [S.blob_key("t", "", ch, "1") for ch in channels]
+    with MemoryStore().read() as txn:
+        got = codec.values(txn, channels, keys, raws, loads, fast)
+        slow = codec.values(txn, channels, keys, raws, loads, None)
+        want = {}
+        for ch, key, raw in zip(channels, keys, raws):
+            if (typed := codec.typed(txn, key, raw)) is not None:
+                want[ch] = serde.loads_typed(typed)
+    assert list(got) == list(want) == list(slow)
+    assert repr(got) == repr(want) == repr(slow)
+    enc = C.wrap(EncryptedSerializer.from_pycryptodome_aes(key=KEY))
+    assert C.value_readers(enc) is None and C.value_readers(JsonPlusSerializer()) is None
+
+
 def test_loader_of_other_serializers_is_their_loads_typed() -> None:
     class Sub(JsonPlusSerializer):
         pass

@@ -257,6 +257,55 @@ def test_pending_writes_follow_writes_sort_key(kv: KVSaver) -> None:
     assert b == [f"ch{i}" for i in range(12)]
 
 
+def test_list_gives_each_checkpoint_its_own_writes(kv: KVSaver) -> None:
+    """Issue #13: list() reads the pending writes of a page of consecutive
+    checkpoints by one scan. Each checkpoint gets exactly its own, as
+    get_tuple gives them: ids whose key element is a prefix of another's
+    ("a" and "a\\x00b": an escaped NUL), an id long enough for a surrogate
+    key, writes of an id with no checkpoint, checkpoints with none; in a
+    merge of namespaces, past a filter and below ``before`` too."""
+    cids = ["a", "a\x00", "a\x00b", "ab", "b" * 150, "c", "d\x00\xff"]
+    for ns in ("", "sub"):
+        for i, cid in enumerate(cids):
+            kv.put(config("t", ns), make_checkpoint(cid), {"source": "loop", "i": i % 2}, {})
+            if i % 3 != 1:
+                writes = [("x", f"{ns}{cid}-{j}") for j in range(i % 3 + 1)]
+                kv.put_writes(config("t", ns, cid), writes, "task")
+        kv.put_writes(config("t", ns, "a\x00a"), [("x", "orphan")], "task")  # no checkpoint
+    want = {
+        (ns, cid): kv.get_tuple(config("t", ns, cid)).pending_writes
+        for ns in ("", "sub")
+        for cid in cids
+    }
+    assert want[("", "a\x00b")] == [("task", "x", f"a\x00b-{j}") for j in range(3)]
+    assert want[("", "a\x00")] == [] and want[("sub", "ab")] == [("task", "x", "subab-0")]
+    for conf, kw in [
+        (config("t", ""), {}),
+        (config("t", "sub"), {"limit": 5}),
+        ({"configurable": {"thread_id": "t"}}, {}),  # every namespace, merged
+        (config("t", ""), {"filter": {"i": 0}}),
+        (config("t", "sub"), {"before": config("t", "sub", "c")}),
+    ]:
+        got = list(kv.list(conf, **kw))
+        assert got, (conf, kw)
+        for t in got:
+            c = t.config["configurable"]
+            assert t.pending_writes == want[(c["checkpoint_ns"], c["checkpoint_id"])], (conf, kw)
+
+
+def test_checkpoint_tuple_fields_are_in_the_order_load_tuple_builds_them() -> None:
+    # Issue #13: KVSaver._load_tuple builds CheckpointTuple positionally.
+    from langgraph.checkpoint.base import CheckpointTuple
+
+    assert CheckpointTuple._fields == (
+        "config",
+        "checkpoint",
+        "metadata",
+        "parent_config",
+        "pending_writes",
+    )
+
+
 def test_retried_writes_are_ignored_and_special_ones_replace(kv: KVSaver) -> None:
     kv.put(config("t"), make_checkpoint("1"), {}, {})
     c = config("t", "", "1")
@@ -643,6 +692,10 @@ def test_memoized_checkpoint_and_blob_keys_are_the_packed_tuples(
         versions = {ch: cid for ch in channels}
         assert S.blob_keys(thread, ns, versions) == [
             (ch, S.blob_key(thread, ns, ch, cid)) for ch in versions
+        ]
+        mixed = {ch: [cid, 7, 0.5, True][i % 4] for i, ch in enumerate(channels)}
+        assert S.read_blob_keys(thread, ns, mixed) == [
+            pack((S.BLOB, S.k(thread), S.k(ns), S.k(ch), S._ver(v))) for ch, v in mixed.items()
         ]
 
 
