@@ -807,6 +807,7 @@ def graph_paired_section(groups: dict) -> list[str]:
         us = p.get("overhead_us_per_superstep") or {}
         cu = p.get("cpu_overhead_us_per_superstep") or {}
         xs, xm = p.get("x_sqlite") or {}, p.get("x_inmemory_cpu") or {}
+        commits = p.get("commits_per_superstep") or {}
         for n in ordered(list(us), ROW_ORDER):
             body.append(
                 [
@@ -816,6 +817,7 @@ def graph_paired_section(groups: dict) -> list[str]:
                     fmt_ratio(xs.get(n)),
                     f"{cu.get(n, 0):,.0f} µs",
                     fmt_ratio(xm.get(n)),
+                    f"{commits[n]:.2f}" if n in commits else "-",
                 ]
             )
     if not body:
@@ -831,7 +833,9 @@ def graph_paired_section(groups: dict) -> list[str]:
         "fresh store per row and round. Overhead per superstep = (with - without, same "
         "round) / checkpoints written, on wall-clock time and on the process's CPU time "
         "(LangGraph writes checkpoints from worker threads); x = median of per-round "
-        "ratios. The #13 graph and CPU targets use these.",
+        "ratios. The #13 graph and CPU targets use these. LMDB commits / checkpoint: "
+        "write transactions committed (the txnid's advance) per checkpoint written, "
+        "median of rounds: below 2, a superstep's put_writes and put shared commits.",
         "",
         *table(
             [
@@ -841,6 +845,7 @@ def graph_paired_section(groups: dict) -> list[str]:
                 "x SqliteSaver",
                 "CPU / superstep",
                 "x InMemorySaver (CPU)",
+                "LMDB commits / checkpoint",
             ],
             body,
             right_from=2,
@@ -986,6 +991,82 @@ METHOD = """\
 - Raw data: bench/results/latest.json (pytest-benchmark JSON; extra_info per row)."""
 
 
+def postgres_section(results: str = RESULTS) -> list[str]:
+    """Issue #14's figures: bench/bench_postgres.py's last run (postgres.json,
+    written by that bench in the same suite run), ratios to PostgresSaver."""
+    try:
+        data = load(os.path.join(results, "postgres.json"))
+    except (OSError, ValueError):
+        return []
+    ops = data.get("microseconds") or {}
+    if "ratio rounds" not in (ops.get("put") or {}):
+        return []  # an older format
+    rows = []
+    for op, m in ops.items():
+        rounds = m["ratio rounds"]
+        goal = 1.0
+        rows.append(
+            [
+                op,
+                f"{m['KVSaver']:,.0f} µs",
+                f"{m['PostgresSaver']:,.0f} µs",
+                fmt_ratio(m["ratio"]),
+                f"{min(rounds):.2f}-{max(rounds):.2f}",
+                f"<= {goal:.1f}x",
+                "met" if m["ratio"] <= goal else "**not met**",
+                f"{m['cpu KVSaver']:,.0f} vs {m['cpu PostgresSaver']:,.0f} µs",
+            ]
+        )
+    b = data.get("bytes") or {}
+    if b:
+        rows.append(
+            [
+                "bytes after a long chat (VACUUM FULL)",
+                f"{b['KVSaver']:,}",
+                f"{b['PostgresSaver']:,}",
+                fmt_ratio(b["ratio"]),
+                "",
+                "<= 0.3x",
+                "met" if b["ratio"] <= 0.3 else "**not met**",
+                "",
+            ]
+        )
+    put = ops.get("put") or {}
+    floor = ""
+    if "floor:commit" in put:
+        floor = (
+            f" In the put rounds, the commit floor (BEGIN, a 2.9 KB INSERT, COMMIT in one "
+            f"round trip: one WAL flush) took {put['floor:commit']:,.0f} µs: KVSaver's put "
+            f"is {put['x floor KVSaver']:.2f}x it, PostgresSaver's "
+            f"{put['x floor PostgresSaver']:.2f}x."
+        )
+    load_ = data.get("loadavg") or {}
+    start, end = load_.get("start") or [0.0], load_.get("end") or [0.0]
+    return [
+        "",
+        "## Issue #14 targets: KVSaver on PostgreSQL vs PostgresSaver",
+        "",
+        "`bench/bench_postgres.py` (same throwaway PostgreSQL 15 server, default "
+        f"durability; load average {start[0]:.2f} at start, {end[0]:.2f} at end): "
+        f"{data.get('method', '')}.{floor}",
+        "",
+        *table(
+            [
+                "workload",
+                "KVSaver",
+                "PostgresSaver",
+                "x PostgresSaver",
+                "rounds",
+                "goal",
+                "status",
+                "client CPU / op",
+            ],
+            rows,
+            right_from=1,
+        ),
+    ]
+
+
 def render(data: dict, storage: dict | None = None) -> str:
     groups = by_group(data)
     out = [
@@ -1013,6 +1094,7 @@ def render(data: dict, storage: dict | None = None) -> str:
         "## Issue #6 targets",
         "",
         *table(["target", "measured", "goal", "status"], targets(groups)),
+        *postgres_section(),
         *floors_section(groups),
         *paired_section(groups),
         *reads13_section(groups),
