@@ -17,21 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kv_helpers import batch_sizes
 from kvsaver.kv import LMDBStore
 from kvsaver.kv import lmdb_store as kv_lmdb_store
-
-
-def _batch_sizes(store: LMDBStore) -> list[int]:
-    """The size of every batch ``store`` commits from now on, in order."""
-    sizes: list[int] = []
-    run_batch = store._run_batch
-
-    def counted(env_: Any, batch: list[Any]) -> None:
-        sizes.append(len(batch))
-        run_batch(env_, batch)
-
-    store._run_batch = counted  # type: ignore[method-assign]
-    return sizes
 
 
 def _put_a(txn: Any) -> None:  # one kind of request (one call site)
@@ -73,7 +61,7 @@ def test_lmdb_leader_stops_waiting_where_waits_gain_nothing_and_only_for_its_kin
 ) -> None:
     store = LMDBStore(str(tmp_path / "g"))
     env = store._env
-    sizes = _batch_sizes(store)
+    sizes = batch_sizes(store)
     monkeypatch.setattr(kv_lmdb_store, "_GATHER_MAX_SECONDS", 60.0)
     # Three lone requests of kind A expect company and wait (0.05 s) in vain.
     for _ in range(3):
@@ -100,7 +88,7 @@ def test_lmdb_leader_waits_again_when_requests_come_back(
     would have paid, and the leaders of its kind wait again."""
     store = LMDBStore(str(tmp_path / "g"))
     env = store._env
-    sizes = _batch_sizes(store)
+    sizes = batch_sizes(store)
     monkeypatch.setattr(kv_lmdb_store, "_GATHER_MAX_SECONDS", 60.0)
     events: dict[str, threading.Event] = {}
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import ormsgpack
 import pytest
+from kv_helpers import batch_sizes
 from kvsaver import kv
 from kvsaver.kv import (
     CorruptStoreError,
@@ -700,19 +701,6 @@ def test_concurrent_transact_isolates_failures(store: Any) -> None:
     assert sorted(data) == sorted(b"t%d-%02d" % ti for ti in ok)
 
 
-def _batch_sizes(store: LMDBStore) -> list[int]:
-    """The size of every batch ``store`` commits from now on, in order."""
-    sizes: list[int] = []
-    run_batch = store._run_batch
-
-    def counted(env_: Any, batch: list[Any]) -> None:
-        sizes.append(len(batch))
-        run_batch(env_, batch)
-
-    store._run_batch = counted  # type: ignore[method-assign]
-    return sizes
-
-
 def test_lmdb_group_commit_gathers_concurrent_writers_but_never_a_lone_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -722,7 +710,7 @@ def test_lmdb_group_commit_gathers_concurrent_writers_but_never_a_lone_one(
     two commits."""
     store = LMDBStore(str(tmp_path / "g"))
     env = store._env
-    sizes = _batch_sizes(store)
+    sizes = batch_sizes(store)
     monkeypatch.setattr(kv_lmdb_store, "_GATHER_MAX_SECONDS", 60.0)
     env.batch_sizes, env.commit_seconds = (2, 2), 120.0
     first = threading.Thread(target=store.transact, args=(lambda txn: txn.put(b"a", b"1"),))
@@ -749,7 +737,7 @@ def test_lmdb_gathering_leader_is_woken_by_the_request_that_fills_its_batch(
     get it back, on the path of every batch (issue #13, 8 writer threads)."""
     store = LMDBStore(str(tmp_path / "g"))
     env = store._env
-    sizes = _batch_sizes(store)
+    sizes = batch_sizes(store)
     sleeps: list[float] = []
     real_sleep = time.sleep
 
