@@ -87,8 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                         cpu[name].append(c / args.ops)
             med = {n: statistics.median(v) * 1e6 for n, v in cpu.items()}
             ratio = {
-                n: statistics.median(a / b for a, b in zip(cpu[n], cpu["floor"]))
-                for n in savers
+                n: statistics.median(a / b for a, b in zip(cpu[n], cpu["floor"])) for n in savers
             }
             line = f"{row:18s} " + "  ".join(
                 f"{n} {med[n]:7.1f} us" + (f" ({ratio[n]:.2f}x floor)" if n in ratio else "")

@@ -323,10 +323,13 @@ class _Stmt:
         self.types = types
 
     def render(self, conn: Any) -> None:
-        if not isinstance(self.text, bytes):  # two threads may render at once: the same bytes
-            self.text = self.text.as_bytes(conn)
-        if not isinstance(self.numbered, bytes):
-            self.numbered = self.numbered.as_bytes(conn)
+        # Two threads may render at once (the same bytes): each attribute is
+        # read once, so one never finds bytes where it tested a Composed.
+        text, numbered = self.text, self.numbered
+        if not isinstance(text, bytes):
+            self.text = text.as_bytes(conn)
+        if not isinstance(numbered, bytes):
+            self.numbered = numbered.as_bytes(conn)
 
 
 def _numbered(template: str) -> str:
@@ -438,9 +441,12 @@ def _exchange(conn: Any, items: Sequence[tuple[Any, Any]]) -> list[_Rows]:
         else:
             out.append(_Rows([], int(res.command_tuples or 0) if res is not None else 0))
     if error is not None:
-        if _unprepared(error):  # deallocated behind our back (DEALLOCATE ALL, DISCARD ALL)
-            said = str(error)
-            names.difference_update([n for n in names if f'"{n.decode()}"' in said])
+        if _unprepared(error):
+            # Deallocated behind our back: DEALLOCATE ALL or DISCARD ALL (a
+            # pool's reset) drop every statement of the session, so every
+            # name is forgotten, not only the one the error names: else the
+            # transaction's next round trip would name another one gone.
+            names.clear()
         raise error
     return out
 
@@ -731,12 +737,13 @@ class _PGTxn:
                 if not self._begun and self.may_resend:
                     if _classify(e) == "lost" and self._store._reconnect(self):
                         continue  # the first statement on a dead pooled connection: resend
-                    if _unprepared(e) and resent < 64:
+                    if _unprepared(e) and not resent:
                         resent += 1
-                        # A statement of ours was deallocated behind our back
+                        # Our statements were deallocated behind our back
                         # (DEALLOCATE ALL, DISCARD ALL of a pool's reset): it
                         # failed before anything ran; end what BEGIN opened,
-                        # prepare it again and resend (once per such statement).
+                        # prepare them all again (_exchange forgot every name)
+                        # and resend, once.
                         self._pre_rollback = True
                         continue
                 self._fail(e, "statement")
@@ -984,7 +991,7 @@ class _PGTxn:
                     return [(int(res.get_value(0, 0) or b"0"),)]
                 error = errors.error_from_result(res, encoding=conn.info.encoding)
                 if attempt == 0 and isinstance(error, errors.InvalidSqlStatementName):
-                    names.discard(q.write_all_name)
+                    names.clear()  # every statement went: see _exchange
                     continue
                 raise error
         raise AssertionError("unreachable")

@@ -452,7 +452,12 @@ def test_values_loaded_inline_are_what_typed_then_loads_give(strict: bool) -> No
     raws = [S.encode_blob(serde.dumps_typed(v)) for v in _values()]
     raws += [S.encode_blob(None), b"empty\x00", None]  # no value (both formats), no record
     assert {raw[: raw.index(b"\x00")] for raw in raws[:-1]} >= {
-        b"msgpack", b"msgpack.zst", b"null", b"bytes", b"bytearray", b"empty"
+        b"msgpack",
+        b"msgpack.zst",
+        b"null",
+        b"bytes",
+        b"bytearray",
+        b"empty",
     }
     channels = [f"c{i}" for i in range(len(raws))]
     keys = [S.blob_key("t", "", ch, "1") for ch in channels]

@@ -350,6 +350,74 @@ def test_the_prepared_write_outlives_reads_rollbacks_and_deallocate(
         store.close()
 
 
+def test_reads_of_several_round_trips_survive_a_deallocate_all(
+    postgres_url: str, table: str
+) -> None:
+    """DEALLOCATE ALL (or DISCARD ALL, a pool's reset) drops every statement
+    of the session: a transaction's first round trip finds one of them gone
+    and the others must be prepared again too, or the transaction's next
+    round trip names a statement the server no longer has. A saver that
+    did not write the thread (another process) reads it in several round
+    trips: get_tuple, list, a write that reads first."""
+    store = PostgresStore(postgres_url, table=table, max_size=1)  # one connection
+    writer = KVSaver(store)
+    other = PostgresStore(postgres_url, table=table, max_size=1)
+    reader = KVSaver(other)
+    try:
+        parent = None
+        for i in range(4):
+            cid = f"{i:04d}"
+            versions = {"messages": i + 1}
+            writer.put(
+                config("t", "", parent), make_checkpoint(cid, {"messages": [i]}, versions), {},
+                versions,
+            )  # fmt: skip
+            writer.put_writes(config("t", "", cid), [("a", i)], "task")
+            parent = cid
+        for step in range(3):
+            assert reader.get_tuple(config("t")).checkpoint["id"] == "0003"  # all prepared
+            assert len(list(reader.list(config("t"), limit=3))) == 3
+            with other._pool.connection() as conn:  # behind psycopg's back
+                what = b"DEALLOCATE ALL" if step != 1 else b"DISCARD ALL"
+                assert conn.pgconn.exec_(what).status == pq.ExecStatus.COMMAND_OK
+            assert len(list(reader.list(config("t"), limit=3))) == 3
+            assert reader.get_tuple(config("t")).checkpoint["id"] == "0003"
+            assert reader.get_tuple(config("t", "", "0001")).pending_writes == [("task", "a", 1)]
+    finally:
+        other.close()
+        store.close()
+
+
+def test_a_statement_rendered_by_two_threads_at_once() -> None:
+    """_Stmt.render reads each attribute once: another thread may render
+    the same statement between its test and its use (the first use of a
+    scan's statement, from several threads), and then finds bytes there."""
+    from kvsaver.kv.postgres import _Stmt
+
+    class Composed:
+        def as_bytes(self, conn: object) -> bytes:
+            return b"SELECT 1"
+
+    class Racing(_Stmt):
+        """Whose text another thread renders right after the first read."""
+
+        __slots__ = ("reads",)
+
+        @property  # type: ignore[override]
+        def text(self) -> object:
+            self.reads += 1
+            return Composed() if self.reads == 1 else b"SELECT 1"
+
+        @text.setter
+        def text(self, value: object) -> None:
+            pass
+
+    stmt = Racing(Composed(), b"name", Composed(), ())
+    stmt.reads = 0
+    stmt.render(None)
+    assert stmt.numbered == b"SELECT 1"
+
+
 def test_a_deferred_rollback_never_outlives_the_linger_time(postgres_url: str, table: str) -> None:
     """A read leaves its connection in its transaction for the next one to end
     (one round trip less); nobody coming, the reaper ends it: no session
