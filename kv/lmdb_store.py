@@ -1022,7 +1022,7 @@ class _ReadContext:
         wrapper._write, wrapper._log = False, None
         return wrapper
 
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         try:
             self._txn.abort()
         finally:

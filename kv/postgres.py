@@ -98,7 +98,7 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from .store import (
     CorruptStoreError,
@@ -488,7 +488,7 @@ def _bytea_array(items: Sequence[bytes | None]) -> _ByteaArray:
         for v in items:
             parts += (_NULL,) if v is None else (pack(len(v)), v)
     else:
-        for v in items:
+        for v in cast("Sequence[bytes]", items):
             parts += (pack(len(v)), v)
     return _ByteaArray(b"".join(parts))
 
