@@ -1,0 +1,62 @@
+"""A/B of the LMDB gather rule (bench/ab_invokes13.py's "before" and "after")
+on bench_async's 32 conversations: every variant, AsyncSqliteSaver and a run
+without checkpointer in each round, order rotated, round 0 a warm-up;
+overhead per superstep = (time - time without, same round) / checkpoints.
+
+    python bench/ab_async13.py [ROUNDS]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import ab_invokes13 as A
+import bench_async as B
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 6
+    names = ["none", "after", "before", "async-sqlite"]
+    secs: dict[str, list[float]] = {n: [] for n in names}
+    top = tempfile.mkdtemp(prefix="ab-async-")
+    steps = 1
+    try:
+        for r in range(rounds):
+            for n in names[r % 4 :] + names[: r % 4]:
+                wd = os.path.join(top, f"{n}-{r}")
+                os.makedirs(wd)
+                if n in ("after", "before"):
+                    A._install(n)
+                    s, _, w = asyncio.run(B._timed_run(B.KV_LMDB, wd))
+                else:
+                    name = B.ASQLITE if n == "async-sqlite" else B.NONE
+                    s, _, w = asyncio.run(B._timed_run(name, wd))
+                shutil.rmtree(wd, ignore_errors=True)
+                if r > 0:
+                    secs[n].append(s)
+                if w:
+                    steps = w
+    finally:
+        A._install("after")
+        shutil.rmtree(top, ignore_errors=True)
+    over = {n: [(a - b) / steps * 1e6 for a, b in zip(secs[n], secs["none"])] for n in names[1:]}
+    med = {n: statistics.median(v) for n, v in over.items()}
+    print(f"load average {os.getloadavg()[0]:.2f}; overhead us/superstep, medians:")
+    print({n: round(v) for n, v in med.items()})
+    ratio = statistics.median(a / b for a, b in zip(over["after"], over["before"]))
+    print(
+        f"after/before (median of per-round ratios) {ratio:.3f}; "
+        f"x AsyncSqliteSaver: after {med['after'] / med['async-sqlite']:.3f}, "
+        f"before {med['before'] / med['async-sqlite']:.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
