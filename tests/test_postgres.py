@@ -305,6 +305,18 @@ def test_a_write_takes_its_own_result_after_earlier_unread_ones(postgres_url: st
             _own_result([*results, results[-1]], conn)
 
 
+def _step(saver: KVSaver, i: int, parent: str | None) -> str:
+    """Checkpoint ``i`` of thread "t" (after ``parent``), with one pending
+    write; its id."""
+    cid = f"{i:04d}"
+    versions = {"messages": i + 1}
+    saver.put(
+        config("t", "", parent), make_checkpoint(cid, {"messages": [i]}, versions), {}, versions
+    )
+    saver.put_writes(config("t", "", cid), [("a", i)], "task")
+    return cid
+
+
 def test_the_prepared_write_outlives_reads_rollbacks_and_deallocate(
     postgres_url: str, table: str
 ) -> None:
@@ -323,13 +335,7 @@ def test_the_prepared_write_outlives_reads_rollbacks_and_deallocate(
     try:
         parent = None
         for i in range(8):
-            cid = f"{i:04d}"
-            versions = {"messages": i + 1}
-            saver.put(
-                config("t", "", parent), make_checkpoint(cid, {"messages": [i]}, versions), {},
-                versions,
-            )  # fmt: skip
-            saver.put_writes(config("t", "", cid), [("a", i)], "task")
+            cid = _step(saver, i, parent)
             assert saver.get_tuple(config("t")).checkpoint["id"] == cid  # a read lingers
             if i == 2:  # the reaper rolls the read back, on the connection
                 time.sleep(3 * _LINGER)
@@ -358,7 +364,7 @@ def test_reads_of_several_round_trips_survive_a_deallocate_all(
     and the others must be prepared again too, or the transaction's next
     round trip names a statement the server no longer has. A saver that
     did not write the thread (another process) reads it in several round
-    trips: get_tuple, list, a write that reads first."""
+    trips: get_tuple, list."""
     store = PostgresStore(postgres_url, table=table, max_size=1)  # one connection
     writer = KVSaver(store)
     other = PostgresStore(postgres_url, table=table, max_size=1)
@@ -366,14 +372,7 @@ def test_reads_of_several_round_trips_survive_a_deallocate_all(
     try:
         parent = None
         for i in range(4):
-            cid = f"{i:04d}"
-            versions = {"messages": i + 1}
-            writer.put(
-                config("t", "", parent), make_checkpoint(cid, {"messages": [i]}, versions), {},
-                versions,
-            )  # fmt: skip
-            writer.put_writes(config("t", "", cid), [("a", i)], "task")
-            parent = cid
+            parent = _step(writer, i, parent)
         for step in range(3):
             assert reader.get_tuple(config("t")).checkpoint["id"] == "0003"  # all prepared
             assert len(list(reader.list(config("t"), limit=3))) == 3
