@@ -1054,6 +1054,14 @@ def _seek(
     """Put ``cur`` on the first key a scan yields, unless it is out of the
     range at the other end: forward, the first key >= start; reverse, the
     last key < stop. False when there is no such key."""
+    # A bound LMDB takes as it is (every scan of ours, every get_tuple of a
+    # latest checkpoint and every pending-writes read: issue #13): one call.
+    if not reverse:
+        if start is not None and 0 < len(start) <= max_key:
+            return bool(cur.set_range(start))
+    elif stop is not None and 0 < len(stop) <= max_key:
+        # The key before the first key >= stop, else the last key.
+        return bool(cur.prev() if cur.set_range(stop) else cur.last())
     if not reverse:
         ok = cur.first() if start is None else _position(cur, start, max_key)
         while ok and start is not None and cur.key() < start:  # a truncated bound
@@ -1078,29 +1086,21 @@ def _scan(
     txn: lmdb.Transaction, max_key: int, start: bytes | None, stop: bytes | None, reverse: bool
 ) -> Iterator[tuple[bytes, bytes]]:
     with txn.cursor() as cur:
-        # Bounds LMDB takes as they are (every scan of ours): positioned as in
-        # _seek, then py-lmdb's own iterators, a pair per C call, against the
-        # far bound only (issue #13: a checkpoint's pending writes, a list).
-        if not reverse and start is not None and 0 < len(start) <= max_key:
-            if not cur.set_range(start):
-                return
-            for key, value in cur.iternext():
-                if stop is not None and key >= stop:
-                    return
-                yield key, value
+        if not _seek(cur, max_key, start, stop, reverse):
             return
-        if reverse and stop is not None and 0 < len(stop) <= max_key:
-            if not (cur.prev() if cur.set_range(stop) else cur.last()):
-                return
+        # py-lmdb's own iterators (the current pair first, then a pair per C
+        # call), checked against the far bound only (issue #13: a
+        # checkpoint's pending writes, a list).
+        if reverse:
             for key, value in cur.iterprev():
                 if start is not None and key < start:
                     return
                 yield key, value
-            return
-        ok = _seek(cur, max_key, start, stop, reverse)
-        while ok and not _beyond(cur.key(), start, stop, reverse):
-            yield cur.key(), cur.value()
-            ok = cur.prev() if reverse else cur.next()
+        else:
+            for key, value in cur.iternext():
+                if stop is not None and key >= stop:
+                    return
+                yield key, value
 
 
 def _one(
@@ -1108,20 +1108,6 @@ def _one(
 ) -> list[tuple[bytes, bytes]]:
     """``list(islice(_scan(...), 1))`` without a generator."""
     with txn.cursor() as cur:
-        if stop is not None and reverse and 0 < len(stop) <= max_key:
-            # Every get_tuple of a latest checkpoint: _seek and _beyond inline
-            # (issue #13). The key before the first key >= stop, else the last
-            # key: below stop either way.
-            if not (cur.prev() if cur.set_range(stop) else cur.last()):
-                return []
-            key = cur.key()
-            return [] if start is not None and key < start else [(key, cur.value())]
-        if start is not None and not reverse and 0 < len(start) <= max_key:
-            # Every read's pending-writes probe: the first key >= start.
-            if not cur.set_range(start):
-                return []
-            key = cur.key()
-            return [] if stop is not None and key >= stop else [(key, cur.value())]
         if not _seek(cur, max_key, start, stop, reverse):
             return []
         key = cur.key()

@@ -397,22 +397,23 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         """(loads, blob) for this saver's serializer: ``C.loader`` and the
         delta codec's ``typed``, found once per serializer object (a read
         needs both, and ``with_allowlist`` copies replace ``serde``)."""
-        cached = self._reader_cache
-        if cached is None or cached[0] is not self.serde:
-            cached = self._new_readers()
+        cached = self._reader_tuple()
         return cached[1], cached[2]
 
-    def _new_readers(self) -> tuple[Any, ...]:
-        """``_reader_cache``: (serde, loads, typed, codec's values, value_readers)."""
-        codec = D.codec(self.serde)
-        self._reader_cache = (
-            self.serde,
-            C.loader(self.serde),
-            codec.typed,
-            codec.values,
-            C.value_readers(self.serde),
-        )
-        return self._reader_cache
+    def _reader_tuple(self) -> tuple[Any, ...]:
+        """``_reader_cache``, (serde, loads, typed, codec's values,
+        value_readers), made again when ``serde`` is another object."""
+        cached = self._reader_cache
+        if cached is None or cached[0] is not self.serde:
+            codec = D.codec(self.serde)
+            cached = self._reader_cache = (
+                self.serde,
+                C.loader(self.serde),
+                codec.typed,
+                codec.values,
+                C.value_readers(self.serde),
+            )
+        return cached
 
     def _load_tuple(
         self,
@@ -427,10 +428,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         read in the same transaction). Used by get_tuple and list alike.
         ``checkpoint``: ``rec.checkpoint`` already decoded (``_load_page``);
         ``stored_writes``: its ``_load_writes``, already read (``_page_writes``)."""
-        cached = self._reader_cache
-        if cached is None or cached[0] is not self.serde:
-            cached = self._new_readers()
-        _, loads, _, load_values, fast = cached
+        _, loads, _, load_values, fast = self._reader_tuple()
         thread, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
         if checkpoint is None:
             checkpoint = loads(rec.checkpoint)
