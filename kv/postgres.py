@@ -380,16 +380,15 @@ def _exchange(conn: Any, items: Sequence[tuple[Any, Any]]) -> list[_Rows]:
     ~150 us per statement); anything else (BEGIN, ROLLBACK, ...) is sent
     unnamed, without parameters. Results are binary. The first error is
     raised (as psycopg raises it) once the whole pipeline has been read, so
-    the connection is left ready for the next statement; a statement the
-    server reports unknown (deallocated behind our back) is forgotten, to be
-    prepared again next time."""
+    the connection is left ready for the next statement; when the server
+    reports one of ours unknown (deallocated behind our back), every name of
+    the connection is forgotten, to be prepared again next time."""
     from psycopg import errors, pq
     from psycopg.adapt import Transformer
     from psycopg.generators import fetch_many, send
 
     pgconn = conn.pgconn
-    with _PREPARED_LOCK:
-        names = _PREPARED.setdefault(conn, set())
+    names = _prepared_names(conn)
     parses: list[bytes | None] = []  # per result: the name its Parse prepares
     results: list[Any] = []
     broken = True
@@ -455,6 +454,15 @@ def _exchange(conn: Any, items: Sequence[tuple[Any, Any]]) -> list[_Rows]:
 # since stores of one table on one pool share the statement's name.
 _PREPARED: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictionary()
 _PREPARED_LOCK = threading.Lock()
+
+
+def _prepared_names(conn: Any) -> set[bytes]:
+    """The names of our statements prepared on ``conn`` (the reads'
+    ``_exchange`` and the write's ``_exec_prepared``). A missing statement
+    (DEALLOCATE ALL, DISCARD ALL) empties the whole set: every statement of
+    the session went."""
+    with _PREPARED_LOCK:
+        return _PREPARED.setdefault(conn, set())
 
 
 _BIG = object()  # a key whose value is too long to cache: never guessed
@@ -977,8 +985,7 @@ class _PGTxn:
         formats = [1] * len(values)
         with conn.lock:
             for attempt in (0, 1):
-                with _PREPARED_LOCK:
-                    names = _PREPARED.setdefault(conn, set())
+                names = _prepared_names(conn)
                 if q.write_all_name not in names:
                     pgconn.send_prepare(q.write_all_name, q.write_all_numbered)
                     res = _own_result(conn.wait(execute(pgconn)), conn)
