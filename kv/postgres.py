@@ -39,12 +39,15 @@ Round trips (what a network costs; counted by tests/test_postgres.py)
     first time a connection needs it: the server neither parses nor plans
     them again (issue #14: pg_stat_statements counted 30-50 us of planning
     per read statement; server time per get_tuple 179 -> 41 us, per
-    list(limit=10) 1455 -> 314 us). Only the committing pipeline of a transaction that read first
-    goes through psycopg unprepared. ``BEGIN`` is
-    pipelined with the first statement; a read's ``ROLLBACK`` is deferred to
-    the first round trip of the connection's next transaction (or sent by a
-    reaper thread after ``_LINGER`` seconds, so no session stays idle in a
-    transaction for long).
+    list(limit=10) 1455 -> 314 us). Only the committing pipeline of a
+    transaction that read first goes through psycopg unprepared. ``BEGIN``
+    is pipelined with the first statement. A connection is not given back
+    to the pool after a transaction that went well: it lingers for the
+    store's next one (a write's session idle, a read's still in its
+    snapshot, whose ``ROLLBACK`` goes in the first round trip of that next
+    transaction), and a reaper thread gives it back after ``_LINGER``
+    seconds unused (rolling a read back first), so no session stays idle in
+    a transaction for long.
     A scan's first chunk is queued and sent with the next round trip (so a
     scan followed by ``get_many`` costs one). Point reads are remembered for
     the rest of the transaction
@@ -466,6 +469,7 @@ def _prepared_names(conn: Any) -> set[bytes]:
 
 
 _BIG = object()  # a key whose value is too long to cache: never guessed
+_MISSING = object()
 
 
 class _ByteaArray(bytes):
@@ -568,14 +572,21 @@ class _Cache:
             if ranges:
                 for k in [k for k in items if any(_inside(k, a, b) for a, b in ranges)]:
                     self.size -= self._cost(k, items.pop(k))
-            for k, value in known.items():
+            size = self.size
+            pop = items.pop
+            for k, value in known.items():  # _cost, inline: a put learns a dozen keys
                 v: Any = value
                 if v is not None and len(v) > _CACHE_ENTRY:
                     v = _BIG
-                if k in items:
-                    self.size -= self._cost(k, items.pop(k))
+                old = pop(k, _MISSING)
+                if old is _MISSING:
+                    size += 64 + len(k)
+                elif type(old) is bytes:
+                    size -= len(old)
                 items[k] = v
-                self.size += self._cost(k, v)
+                if type(v) is bytes:
+                    size += len(v)
+            self.size = size
             while self.size > self.max_bytes and items:
                 k, v = items.popitem(last=False)
                 self.size -= self._cost(k, v)
@@ -1273,9 +1284,6 @@ class PostgresStore:
         self._setup_lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._writer: int | None = None
-        self._lingering: list[tuple[float, Any]] = []  # reads whose ROLLBACK is deferred
-        self._linger_lock = threading.Lock()
-        self._reaper: threading.Thread | None = None
         self._statements = 0  # statements sent (tests count round trips with these)
         self._cache = _Cache()
         self._adapted: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -1327,6 +1335,7 @@ class PostgresStore:
                 "PostgresStore takes a connection string (postgresql://...) or a "
                 f"psycopg_pool.ConnectionPool, got {type(conninfo_or_pool).__name__}"
             )
+        self._lingering = _Lingering(self._pool)  # see _close_txn
         if self._owns_pool:
             self._finalizer = weakref.finalize(self, _close_pool, self._pool, self._pid)
 
@@ -1346,11 +1355,9 @@ class PostgresStore:
                 "open a new one in the child"
             )
         _ABANDONED.append((self._pool, self._lingering))
-        self._lingering = []
-        self._linger_lock = threading.Lock()
-        self._reaper = None
         self._pid = os.getpid()
         self._pool = self._make_pool()
+        self._lingering = _Lingering(self._pool)
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, _close_pool, self._pool, self._pid)
         self._write_lock = threading.Lock()
@@ -1388,11 +1395,7 @@ class PostgresStore:
         return conn
 
     def _putconn(self, conn: Any, lost: bool) -> None:
-        if isinstance(conn, _DeadConn):
-            return
-        if lost and not conn.closed:
-            conn.close()  # the pool replaces it
-        self._pool.putconn(conn)
+        _give_back(self._pool, conn, lost)
 
     def _reconnect(self, txn: _PGTxn) -> bool:
         """Swap a dead connection under a transaction that has sent nothing
@@ -1413,57 +1416,42 @@ class PostgresStore:
     def _open_txn(self, write: bool) -> _PGTxn:
         self._check_open()
         self.setup()
-        conn = self._take_lingering()
-        if conn is None:
+        got = self._lingering.take()
+        if got is None:
             return _PGTxn(self, self._getconn(), write)
-        txn = _PGTxn(self, conn, write)
-        txn._pre_rollback = True
+        txn = _PGTxn(self, got[0], write)
+        txn._pre_rollback = got[1]
         return txn
 
     def _close_txn(self, txn: _PGTxn, commit: bool) -> None:
-        # A read that went well leaves its ROLLBACK to the connection's next
-        # transaction (or to the reaper, after _LINGER seconds): one round
-        # trip less per read.
-        if (
-            not txn._write
-            and (txn._begun or txn._pre_rollback)
-            and not txn.lost
-            and txn.failed is None
-            and not txn._queue
-        ):
+        # A connection that went well lingers for this store's next
+        # transaction (or the reaper, after _LINGER seconds) instead of going
+        # back to the pool: a read leaves its ROLLBACK to that transaction's
+        # first round trip (one round trip less per read). So does a write's
+        # (its session idle), on the store's own pool: the pool's getconn and
+        # putconn are skipped (issue #14: ~20 us of a put's client CPU); a
+        # pool passed in, perhaps shared, gets it back at once.
+        if not txn._write and not txn.lost and txn.failed is None and not txn._queue:
             txn._open = False
-            self._linger(txn._conn)
+            self._lingering.add(txn._conn, txn._begun or txn._pre_rollback)
             return
         try:
             txn.finish(commit)
-        finally:
+        except BaseException:
             self._putconn(txn._conn, txn.lost)
+            raise
+        conn = txn._conn
+        if (
+            not self._owns_pool
+            or txn.lost
+            or txn.failed is not None
+            or conn.pgconn.transaction_status != _IDLE
+        ):
+            self._putconn(conn, txn.lost)
+        else:
+            self._lingering.add(conn, False)
         if txn._write and commit:  # committed: what it read and wrote is the latest we know
             self._cache.learn(txn._known, txn._ranges)
-
-    def _linger(self, conn: Any) -> None:
-        with self._linger_lock:
-            self._lingering.append((time.monotonic(), conn))
-            if self._reaper is None:
-                self._reaper = threading.Thread(
-                    target=_reap, args=(weakref.ref(self),), name="kvsaver-pg-reaper", daemon=True
-                )
-                self._reaper.start()
-
-    def _take_lingering(self) -> Any:
-        with self._linger_lock:
-            if self._lingering:
-                return self._lingering.pop()[1]
-        return None
-
-    def _release_lingering(self, conns: list[Any]) -> None:
-        for conn in conns:
-            lost = False
-            try:
-                conn.execute("ROLLBACK")
-            except Exception:
-                lost = True
-            self._putconn(conn, lost)
 
     def _enter_writer(self) -> None:
         self._check_open()
@@ -1687,10 +1675,7 @@ class PostgresStore:
             return
         self._closed = True
         if os.getpid() == self._pid:
-            with self._linger_lock:
-                conns = [c for _, c in self._lingering]
-                self._lingering = []
-            self._release_lingering(conns)
+            self._lingering.release(self._lingering.drain(None))
         if self._owns_pool and os.getpid() == self._pid:
             self._finalizer()
 
@@ -1705,6 +1690,7 @@ class PostgresStore:
 
 
 _XID = "SELECT txid_current()"
+_IDLE = 0  # libpq's PQTRANS_IDLE: no transaction open on the connection
 
 
 def _retryable(error: BaseException, txn: _PGTxn) -> bool:
@@ -1718,25 +1704,80 @@ def _retryable(error: BaseException, txn: _PGTxn) -> bool:
 _LINGER = 0.5  # seconds a read's snapshot may stay open waiting for the next transaction
 
 
-def _reap(ref: Any) -> None:
-    """Roll back connections whose deferred ROLLBACK nobody picked up."""
-    while True:
-        time.sleep(_LINGER / 2)
-        store = ref()
-        if store is None:
+class _Lingering:
+    """Connections kept for a store's next transaction: (since when, the
+    connection, whether it still holds a read's snapshot to roll back). A
+    reaper thread gives back to the pool what lingers ``_LINGER`` seconds
+    unused. It holds this object and the pool, not the store: a store
+    dropped without ``close()`` still gives its connections back (a shared
+    pool would lose them for good)."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self.items: list[tuple[float, Any, bool]] = []
+        self.lock = threading.Lock()
+        self.reaper: threading.Thread | None = None
+
+    def add(self, conn: Any, dirty: bool) -> None:
+        with self.lock:
+            self.items.append((time.monotonic(), conn, dirty))
+            if self.reaper is None:
+                self.reaper = threading.Thread(
+                    target=self._reap, name="kvsaver-pg-reaper", daemon=True
+                )
+                self.reaper.start()
+
+    def take(self) -> tuple[Any, bool] | None:
+        """The connection kept last, and whether it holds a read's snapshot."""
+        with self.lock:
+            if self.items:
+                _, conn, dirty = self.items.pop()
+                return conn, dirty
+        return None
+
+    def drain(self, older_than: float | None) -> list[tuple[float, Any, bool]]:
+        """Take out what lingers since before ``older_than`` (None: all)."""
+        with self.lock:
+            if older_than is None:
+                out, self.items = self.items, []
+            else:
+                out = [e for e in self.items if e[0] < older_than]
+                self.items = [e for e in self.items if e[0] >= older_than]
+            return out
+
+    def release(self, entries: list[tuple[float, Any, bool]]) -> None:
+        for _, conn, dirty in entries:
+            lost = False
+            if dirty:
+                try:
+                    conn.execute("ROLLBACK")
+                except Exception:
+                    lost = True
+            _give_back(self.pool, conn, lost)
+
+    def _reap(self) -> None:
+        while True:
+            time.sleep(_LINGER / 2)
+            old = self.drain(time.monotonic() - _LINGER)
+            if old:
+                self.release(old)
+            with self.lock:
+                if not self.items:
+                    self.reaper = None
+                    return
+
+
+def _give_back(pool: Any, conn: Any, lost: bool) -> None:
+    if isinstance(conn, _DeadConn):
+        return
+    if lost and not conn.closed:
+        conn.close()  # the pool replaces it
+    try:
+        pool.putconn(conn)
+    except Exception:
+        if pool.closed:  # the store was closed meanwhile: nothing to give back to
             return
-        now = time.monotonic()
-        with store._linger_lock:
-            old = [c for t, c in store._lingering if now - t >= _LINGER]
-            store._lingering = [(t, c) for t, c in store._lingering if now - t < _LINGER]
-            done = store._closed or not store._lingering
-            if done:
-                store._reaper = None
-        if old and not store._closed:
-            store._release_lingering(old)
-        del store
-        if done:
-            return
+        raise
 
 
 def _close_pool(pool: Any, pid: int) -> None:

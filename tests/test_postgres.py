@@ -444,6 +444,56 @@ def test_a_deferred_rollback_never_outlives_the_linger_time(postgres_url: str, t
         store.close()
 
 
+def test_a_store_dropped_unclosed_gives_its_lingering_connection_back(
+    postgres_url: str, table: str
+) -> None:
+    """A read's connection lingers for the store's next transaction; a store
+    dropped without close() (one per request, on the application's pool)
+    must still give it back to that pool, or a pool of one connection is
+    empty for good after the first such store."""
+    import gc
+
+    pool = ConnectionPool(postgres_url, min_size=1, max_size=1, timeout=5, open=True)
+    try:
+        for i in range(3):
+            store = PostgresStore(pool, table=table, pool_timeout=5)
+            store.transact(lambda txn, i=i: txn.put(b"a", str(i).encode()))
+            with store.read() as txn:
+                assert txn.get(b"a") == str(i).encode()
+            assert store._lingering.items  # the read's connection stayed with the store
+            del store, txn
+            gc.collect()
+        with pool.connection(timeout=5) as conn:  # given back by the reaper
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        pool.close()
+
+
+def test_a_write_keeps_its_connection_only_on_the_stores_own_pool(
+    postgres_url: str, table: str
+) -> None:
+    """On its own pool a store keeps a write's idle connection for its next
+    transaction (no pool round trip per put); a pool passed in gets it back
+    at once (it may be shared)."""
+    own = PostgresStore(postgres_url, table=table)
+    pool = ConnectionPool(postgres_url, min_size=1, max_size=2, open=True)
+    passed = PostgresStore(pool, table=table)
+    try:
+        own.transact(lambda txn: txn.put(b"a", b"1"))
+        assert [dirty for _, _, dirty in own._lingering.items] == [False]
+        conn = own._lingering.items[0][1]
+        own.transact(lambda txn: txn.put(b"a", b"2"))
+        assert own._lingering.items[0][1] is conn  # the same session, taken and kept again
+        passed.transact(lambda txn: txn.put(b"b", b"1"))
+        assert passed._lingering.items == []
+        with passed.read() as txn:
+            assert txn.get(b"a") == b"2"
+    finally:
+        passed.close()
+        pool.close()
+        own.close()
+
+
 # -- transactions: conflicts and retries --------------------------------------------
 
 
