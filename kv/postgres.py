@@ -174,7 +174,25 @@ def _psycopg() -> Any:
         raise ImportError(
             "PostgresStore needs psycopg 3 and psycopg_pool: pip install 'kvsaver[postgres]'"
         ) from e
+    if not _EXECUTE:
+        from psycopg.generators import execute
+
+        _EXECUTE.append(execute)
     return psycopg
+
+
+# psycopg's generator running a statement (imported once, not at every put);
+# libpq's result statuses (PGRES_*); parameter formats (1: binary).
+_EXECUTE: list[Any] = []
+_COMMAND_OK, _TUPLES_OK = 1, 2
+_BINARY = (1,) * 8
+
+
+def _error(res: Any, conn: Any) -> Exception:
+    """The exception psycopg raises for a failed result."""
+    from psycopg import errors
+
+    return errors.error_from_result(res, encoding=conn.info.encoding)
 
 
 _ABANDONED: list[Any] = []  # pools inherited through fork: never closed in the child
@@ -490,9 +508,12 @@ _LEN = struct.Struct("!i")
 _NULL = _LEN.pack(-1)
 
 
+_EMPTY_BYTEA_ARRAY = _ByteaArray(struct.pack("!iii", 0, 0, 17))  # empty: no dimension
+
+
 def _bytea_array(items: Sequence[bytes | None]) -> _ByteaArray:
     if not items:
-        return _ByteaArray(struct.pack("!iii", 0, 0, 17))  # empty: no dimension
+        return _EMPTY_BYTEA_ARRAY
     nulls = None in items
     parts = [_HEAD.pack(1, nulls, 17, len(items), 1)]
     pack = _LEN.pack
@@ -891,21 +912,31 @@ class _PGTxn:
 
     def _write_all(self) -> tuple[Any, Any] | None:
         """The one statement of a write-only transaction (None: nothing to do)."""
-        if not self._assumed and not self._dirty:
+        assumed, dirty = self._assumed, self._dirty
+        if not assumed and not dirty:
             return None
-        ak, av, ah = [], [], []
-        for k, v in self._assumed.items():
-            big = v is not None and len(v) > _HASH_OVER
-            ak.append(k)
-            av.append(hashlib.sha256(v).digest() if big and v is not None else v)
-            ah.append(big)
         self._assumed = {}
-        puts = [(k, v) for k, v in self._dirty.items() if v is not None]
-        dels = [k for k, v in self._dirty.items() if v is None]
+        av: list[bytes | None] = []
+        ah: list[bool] = []
+        for v in assumed.values():
+            if v is not None and len(v) > _HASH_OVER:
+                av.append(hashlib.sha256(v).digest())
+                ah.append(True)
+            else:
+                av.append(v)
+                ah.append(False)
+        pk: list[bytes] = []
+        pv: list[bytes] = []
+        dels: list[bytes] = []
+        for k, value in dirty.items():
+            if value is None:
+                dels.append(k)
+            else:
+                pk.append(k)
+                pv.append(value)
         params = (
-            *(_bytea_array(ak), _bytea_array(av), _bool_array(ah)),
-            *(_bytea_array([k for k, _ in puts]), _bytea_array([v for _, v in puts])),
-            _bytea_array(dels),
+            *(_bytea_array(list(assumed)), _bytea_array(av), _bool_array(ah)),
+            *(_bytea_array(pk), _bytea_array(pv), _bytea_array(dels)),
         )
         return self._q.write_all, params
 
@@ -986,29 +1017,27 @@ class _PGTxn:
         the server no longer has (a pool's reset, DEALLOCATE ALL) is
         prepared again: it failed before running, so nothing is applied
         twice. The rows: the transaction's id."""
-        from psycopg import errors, pq
-        from psycopg.generators import execute
-
         q = self._q
         conn = self._conn
         pgconn = conn.pgconn
-        values = list(params)  # our arrays: bytes already, sent as they are
-        formats = [1] * len(values)
+        name = q.write_all_name
         with conn.lock:
             for attempt in (0, 1):
                 names = _prepared_names(conn)
-                if q.write_all_name not in names:
-                    pgconn.send_prepare(q.write_all_name, q.write_all_numbered)
-                    res = _own_result(conn.wait(execute(pgconn)), conn)
-                    if res.status != pq.ExecStatus.COMMAND_OK:
-                        raise errors.error_from_result(res, encoding=conn.info.encoding)
-                    names.add(q.write_all_name)
-                pgconn.send_query_prepared(q.write_all_name, values, formats, 0)
-                res = _own_result(conn.wait(execute(pgconn)), conn)
-                if res.status == pq.ExecStatus.TUPLES_OK:
+                if name not in names:
+                    pgconn.send_prepare(name, q.write_all_numbered)
+                    res = _own_result(conn.wait(_EXECUTE[0](pgconn)), conn)
+                    if res.status != _COMMAND_OK:
+                        raise _error(res, conn)
+                    names.add(name)
+                # our arrays: bytes already, sent as they are (binary)
+                pgconn.send_query_prepared(name, params, _BINARY[: len(params)], 0)
+                results = conn.wait(_EXECUTE[0](pgconn))
+                res = results[0] if len(results) == 1 else _own_result(results, conn)
+                if res.status == _TUPLES_OK:
                     return [(int(res.get_value(0, 0) or b"0"),)]
-                error = errors.error_from_result(res, encoding=conn.info.encoding)
-                if attempt == 0 and isinstance(error, errors.InvalidSqlStatementName):
+                error = _error(res, conn)
+                if attempt == 0 and _unprepared(error):
                     names.clear()  # every statement went: see _exchange
                     continue
                 raise error
