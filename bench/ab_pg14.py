@@ -2,7 +2,7 @@
 against another revision's ``kv/postgres.py`` (the saver code is this
 checkout's for both), with PostgresSaver, on one throwaway server, one process.
 
-    python bench/ab_pg14.py [--rev 6ed9d40] [--rounds 9] [--ops 50]
+    python bench/ab_pg14.py [--rev 6ed9d40] [--rounds 9] [--ops 50] [--puts-only]
 
 Every round gives each of the three savers a fresh thread of ``--ops`` puts
 (bench/_workloads.ThreadGen), each put followed by a put_writes of 3 writes on
@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rev", default="6ed9d40", help="the old revision (git)")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--ops", type=int, default=50)
+    ap.add_argument("--puts-only", action="store_true", help="no put_writes between puts")
     args = ap.parse_args(argv)
     from langgraph.checkpoint.postgres import PostgresSaver
     from pg_helpers import PgServer, Unavailable
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             "PostgresSaver": pg,
         }
         names = list(savers)
-        rows = ("put", "put_writes")
+        rows = ("put",) if args.puts_only else ("put", "put_writes")
         per: dict[tuple[str, str, str], list[float]] = {}  # (row, wall|cpu, saver): round medians
         print(f"load average {os.getloadavg()[0]:.2f}; old = {args.rev}")
         for r in range(args.rounds):

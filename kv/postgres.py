@@ -39,8 +39,8 @@ Round trips (what a network costs; counted by tests/test_postgres.py)
     first time a connection needs it: the server neither parses nor plans
     them again (issue #14: pg_stat_statements counted 30-50 us of planning
     per read statement; server time per get_tuple 179 -> 41 us, per
-    list(limit=10) 1455 -> 314 us). Only the committing pipeline of a
-    transaction that read first goes through psycopg unprepared. ``BEGIN``
+    list(limit=10) 1455 -> 314 us); so are the statements that commit a
+    transaction (with ``prepare=False``, psycopg's pipeline). ``BEGIN``
     is pipelined with the first statement. A connection is not given back
     to the pool after a transaction that went well: it lingers for the
     store's next one (a write's session idle, a read's still in its
@@ -251,12 +251,11 @@ class _Queries:
             "d AS (DELETE FROM {} WHERE key = ANY(%b::bytea[]) AND (SELECT ok FROM g) = 1) "
             "SELECT xid FROM g"
         )
-        self.write_all = sql.SQL(write_all).format(t, t, t)
-        # The same statement with numbered parameters, for a server-side
-        # prepared statement of our own (see _PGTxn._exec_prepared); its name
-        # is the table's, so stores of one table on one pool share it.
-        self.write_all_numbered = sql.SQL(_numbered(write_all)).format(t, t, t)
-        self.write_all_name = f"kvsaver_w_{self._digest}".encode()
+        # A named prepared statement of ours (see _PGTxn._exec_prepared); its
+        # name is the table's, so stores of one table on one pool share it.
+        self.write_all = self._stmt(
+            "w", write_all, (_BYTEA_ARRAY,) * 2 + (_BOOL_ARRAY,) + (_BYTEA_ARRAY,) * 3
+        )
         self.create = sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (key bytea PRIMARY KEY, value bytea NOT NULL)"
         ).format(t)
@@ -288,7 +287,6 @@ class _Queries:
             "delete_many",
             "guard",
             "write_all",
-            "write_all_numbered",
         ):
             q = getattr(self, name)
             if isinstance(q, _Stmt):
@@ -439,6 +437,16 @@ def _exchange(conn: Any, items: Sequence[tuple[Any, Any]]) -> list[_Rows]:
                 results.append(got[-1] if got else None)
             pgconn.exit_pipeline_mode()
             broken = False
+        except errors.OperationalError as e:
+            # Lost mid-way. When the server's first answer says why (a restart:
+            # "57P01 terminating connection due to administrator command"),
+            # that is the error: results come in order, so it executed nothing
+            # of ours. After any other answer, nothing is known (a COMMIT may
+            # have been applied): the connection's error.
+            first = results[0] if results else None
+            if first is not None and first.status == pq.ExecStatus.FATAL_ERROR:
+                raise errors.error_from_result(first, encoding=conn.info.encoding) from e
+            raise
         finally:
             if broken:  # lost, or interrupted mid-pipeline: unusable
                 conn.close()
@@ -624,6 +632,8 @@ def _classify(e: BaseException) -> str:
     from psycopg import errors
 
     if isinstance(e, (errors.SerializationFailure, errors.DeadlockDetected)):
+        return "conflict"
+    if _unprepared(e):  # deallocated mid-transaction (DEALLOCATE ALL): rerun it
         return "conflict"
     if isinstance(e, errors.QueryCanceled):
         return "timeout"
@@ -959,10 +969,13 @@ class _PGTxn:
         self._store._statements += (not implicit) + len(pre) + (with_xid and not xid_in)
         self._store._round_trips += 1
         try:
-            if implicit and len(pre) == 1:  # one statement: no pipeline needed
-                if self._store.prepare and pre[0][0] is self._q.write_all:
+            if self._store.prepare:
+                if implicit and len(pre) == 1 and pre[0][0] is self._q.write_all:
                     self._xid.rows = self._exec_prepared(pre[0][1])
-                    return
+                else:
+                    self._xid.rows = self._exchange_commit(pre, xid_after, xid_in, implicit)
+                return
+            if implicit and len(pre) == 1:  # one statement: no pipeline needed
                 self._xid.cur = self._conn.cursor()
                 self._xid.cur.execute(_text(pre[0][0]), pre[0][1])
                 self._xid.rows = self._xid.cur.fetchall()
@@ -1017,15 +1030,15 @@ class _PGTxn:
         the server no longer has (a pool's reset, DEALLOCATE ALL) is
         prepared again: it failed before running, so nothing is applied
         twice. The rows: the transaction's id."""
-        q = self._q
+        stmt = self._q.write_all
         conn = self._conn
         pgconn = conn.pgconn
-        name = q.write_all_name
+        name = stmt.name
         with conn.lock:
             for attempt in (0, 1):
                 names = _prepared_names(conn)
                 if name not in names:
-                    pgconn.send_prepare(name, q.write_all_numbered)
+                    pgconn.send_prepare(name, stmt.numbered, stmt.types)
                     res = _own_result(conn.wait(_EXECUTE[0](pgconn)), conn)
                     if res.status != _COMMAND_OK:
                         raise _error(res, conn)
@@ -1042,6 +1055,32 @@ class _PGTxn:
                     continue
                 raise error
         raise AssertionError("unreachable")
+
+    def _exchange_commit(
+        self, pre: list[tuple[Any, Any]], xid_after: int | None, xid_in: bool, implicit: bool
+    ) -> list[Any] | None:
+        """``_commit``'s pipeline as prepared statements (``_exchange``: one
+        round trip, ours named and prepared, not parsed and planned at every
+        commit as psycopg's pipeline would); the rows of the transaction's id
+        (None: not asked). A statement of ours the server no longer has
+        (DEALLOCATE ALL) in a transaction's first round trip failed before
+        anything was applied: prepared again and sent once more."""
+        items = list(pre)
+        xid_at = None if xid_after is None else xid_after + 1
+        if xid_at is not None and not xid_in:
+            items.insert(xid_at, (_XID, None))
+        if not implicit:
+            items.append(("COMMIT", None))
+        try:
+            results = _exchange(self._conn, items)
+        except Exception as e:
+            if not _unprepared(e) or self._begun:
+                raise
+            if items[0][0] != "ROLLBACK":  # a failed BEGIN block must end first
+                items.insert(0, ("ROLLBACK", None))
+                xid_at = None if xid_at is None else xid_at + 1
+            results = _exchange(self._conn, items)  # _exchange forgot every name
+        return None if xid_at is None else results[xid_at].rows
 
     def _rollback_quietly(self) -> None:
         try:

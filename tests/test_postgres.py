@@ -187,9 +187,9 @@ def test_round_trips_per_operation(postgres_url: str, table: str) -> None:
             )
         )
         try:
-            # Warm-up: the first put reads from the server (nothing cached to
-            # guess from), the second prepares the statement on the pool's one
-            # connection (one more round trip, once per connection).
+            # Warm-up: the first put takes over the connection of the saver's
+            # schema check (a read: its ROLLBACK goes first) and prepares the
+            # write in that same pipeline, so the next put names it at once.
             own.put(config("t", "", "0020"), make_checkpoint("0021", {}, {}), {}, {})
             first = traced.count(
                 lambda: own.put(config("t", "", "0021"), make_checkpoint("0022", {}, {}), {}, {})
@@ -199,7 +199,7 @@ def test_round_trips_per_operation(postgres_url: str, table: str) -> None:
             )
             writes = traced.count(lambda: own.put_writes(config("t", "", "0023"), [("a", 1)], "t3"))
             print("own pool: first put, put, put_writes:", first, put, writes)
-            assert first == (2, 1)  # PREPARE, then the statement
+            assert first == (1, 1)  # prepared already: no PREPARE round trip
             assert put == (1, 1) and writes == (1, 1)
             # Prepared: executed by name, not parsed (and planned) again.
             traced.count(
@@ -354,6 +354,51 @@ def test_the_prepared_write_outlives_reads_rollbacks_and_deallocate(
         ]
     finally:
         store.close()
+
+
+def _read_then_write(store: PostgresStore) -> None:
+    with store.write() as txn:  # no speculation in write(): a real read first
+        txn.put(b"n", (txn.get(b"x") or b"") + b"1")
+
+
+@pytest.mark.parametrize("own_pool", [True, False], ids=["own pool", "pool passed in"])
+def test_every_commit_is_a_prepared_statement_after_a_read_too(
+    postgres_url: str, table: str, own_pool: bool
+) -> None:
+    """A write that takes over a lingering read's connection (its ROLLBACK in
+    the same round trip), a write on a pool passed in (BEGIN and COMMIT
+    around it), and a transaction that read first, commit prepared
+    statements: no statement on the table is parsed (planned) again. Before,
+    psycopg's pipeline sent these unprepared, one Parse (and plan) each."""
+    traced = TracedPool(postgres_url)
+    if own_pool:  # the store's own pool, traced the same way
+        opts = {"configure": traced.configure}
+        store = PostgresStore(postgres_url, table=table, max_size=1, pool_options=opts)
+    else:
+        store = PostgresStore(traced.pool, table=table)
+    saver = KVSaver(store)
+    try:
+        parent = None
+        for i in range(3):  # everything prepared once
+            parent = _step(saver, i, parent)
+            saver.get_tuple(config("t"))
+            _read_then_write(store)
+        for i in range(3, 6):
+            saver.get_tuple(config("t"))  # its connection lingers in its snapshot
+            assert store._lingering.items[-1][2]
+            assert traced.count(lambda i=i, p=parent: _step(saver, i, p))[0] == 2
+            assert traced.table_parses == 0
+            parent = f"{i:04d}"
+            trips, _ = traced.count(lambda: _read_then_write(store))
+            assert trips == 2 and traced.table_parses == 0  # the read, then the commit
+        assert [c.checkpoint["id"] for c in saver.list(config("t"))] == [
+            f"{i:04d}" for i in reversed(range(6))
+        ]
+        with store.read() as txn:
+            assert txn.get(b"n") == b"1"
+    finally:
+        store.close()
+        traced.close()
 
 
 def test_reads_of_several_round_trips_survive_a_deallocate_all(
@@ -642,12 +687,21 @@ def test_unreachable_server_is_a_clear_error() -> None:
         store.close()
 
 
-def test_server_restart_under_a_running_writer(pg_server: Any, table: str) -> None:
+@pytest.mark.parametrize("pool", ["own", "passed in"])
+def test_server_restart_under_a_running_writer(pg_server: Any, table: str, pool: str) -> None:
     """``pg_ctl restart -m fast`` while a writer puts checkpoints in a loop:
     calls during the outage fail with a KVError (or are retried by
     transact), the writer resumes on the same saver within seconds, and
-    every checkpoint whose put returned is there."""
-    saver = KVSaver(pg_server.url, table=table, pool_max_size=2)
+    every checkpoint whose put returned is there. On a pool passed in, a
+    put is BEGIN, the write and COMMIT in one pipeline (not one statement)."""
+    passed = None
+    if pool == "own":
+        saver = KVSaver(pg_server.url, table=table, pool_max_size=2)
+    else:
+        passed = ConnectionPool(
+            pg_server.url, min_size=1, max_size=2, kwargs={"autocommit": True}, open=True
+        )
+        saver = KVSaver(PostgresStore(passed, table=table))
     acked: list[str] = []
     errors: list[str] = []
     stop = threading.Event()
@@ -705,6 +759,9 @@ def test_server_restart_under_a_running_writer(pg_server: Any, table: str) -> No
     assert stored == {True}
     assert [t.checkpoint["id"] for t in saver.list(config("w"))][: len(acked)] == acked[::-1]
     saver.close()
+    if passed is not None:
+        saver.store.close()
+        passed.close()
 
 
 # -- two processes as two machines -------------------------------------------------------
