@@ -174,17 +174,23 @@ def _psycopg() -> Any:
         raise ImportError(
             "PostgresStore needs psycopg 3 and psycopg_pool: pip install 'kvsaver[postgres]'"
         ) from e
-    if not _EXECUTE:
-        from psycopg.generators import execute
+    if not _LIB:
+        from psycopg import errors, pq
+        from psycopg.adapt import Transformer
+        from psycopg.generators import execute, fetch_many, send
 
-        _EXECUTE.append(execute)
+        _LIB.update(
+            errors=errors, pq=pq, Transformer=Transformer, execute=execute,
+            fetch_many=fetch_many, send=send,
+        )  # fmt: skip
     return psycopg
 
 
-# psycopg's generator running a statement (imported once, not at every put);
-# libpq's result statuses (PGRES_*); parameter formats (1: binary).
-_EXECUTE: list[Any] = []
-_COMMAND_OK, _TUPLES_OK = 1, 2
+# What the hot paths use of psycopg, imported once (an import statement in a
+# function costs ~1 us a name, at every put and read); libpq's result
+# statuses (PGRES_*); parameter formats (1: binary).
+_LIB: dict[str, Any] = {}
+_COMMAND_OK, _TUPLES_OK, _FATAL_ERROR, _PIPELINE_SYNC = 1, 2, 7, 10
 _BINARY = (1,) * 8
 
 
@@ -390,6 +396,20 @@ class _Rows:
 _INT8_VALUE = struct.Struct("!q")
 
 
+def _round_trip(pgconn: Any, results: list[Any]) -> Any:
+    """One generator for psycopg's ``conn.wait`` (one call, not one per
+    result): flush the pipeline, then append each statement's last result
+    to ``results`` (kept by the caller if the connection breaks) up to the
+    pipeline's Sync."""
+    yield from _LIB["send"](pgconn)
+    fetch_many = _LIB["fetch_many"]
+    while True:
+        got = yield from fetch_many(pgconn)
+        if got and got[-1].status == _PIPELINE_SYNC:
+            return
+        results.append(got[-1] if got else None)
+
+
 def _exchange(conn: Any, items: Sequence[tuple[Any, Any]]) -> list[_Rows]:
     """Send ``items`` (statement, parameters) in one libpq pipeline ending in
     one Sync: one round trip, and read every result. A ``_Stmt`` is sent as
@@ -402,10 +422,7 @@ def _exchange(conn: Any, items: Sequence[tuple[Any, Any]]) -> list[_Rows]:
     the connection is left ready for the next statement; when the server
     reports one of ours unknown (deallocated behind our back), every name of
     the connection is forgotten, to be prepared again next time."""
-    from psycopg import errors, pq
-    from psycopg.adapt import Transformer
-    from psycopg.generators import fetch_many, send
-
+    lib = _LIB
     pgconn = conn.pgconn
     names = _prepared_names(conn)
     parses: list[bytes | None] = []  # per result: the name its Parse prepares
@@ -422,30 +439,25 @@ def _exchange(conn: Any, items: Sequence[tuple[Any, Any]]) -> list[_Rows]:
                         pgconn.send_prepare(q.name, q.numbered, q.types)
                         parses.append(q.name)
                     values = [_INT8_VALUE.pack(v) if isinstance(v, int) else v for v in params]
-                    pgconn.send_query_prepared(q.name, values, [1] * len(values), 1)
+                    pgconn.send_query_prepared(q.name, values, (1,) * len(values), 1)
                 else:
                     pgconn.send_query_params(
                         q.encode() if isinstance(q, str) else q, None, result_format=1
                     )
                 parses.append(None)
             pgconn.pipeline_sync()
-            conn.wait(send(pgconn))
-            while True:
-                got = conn.wait(fetch_many(pgconn))
-                if got and got[-1].status == pq.ExecStatus.PIPELINE_SYNC:
-                    break
-                results.append(got[-1] if got else None)
+            conn.wait(_round_trip(pgconn, results))
             pgconn.exit_pipeline_mode()
             broken = False
-        except errors.OperationalError as e:
+        except lib["errors"].OperationalError as e:
             # Lost mid-way. When the server's first answer says why (a restart:
             # "57P01 terminating connection due to administrator command"),
             # that is the error: results come in order, so it executed nothing
             # of ours. After any other answer, nothing is known (a COMMIT may
             # have been applied): the connection's error.
             first = results[0] if results else None
-            if first is not None and first.status == pq.ExecStatus.FATAL_ERROR:
-                raise errors.error_from_result(first, encoding=conn.info.encoding) from e
+            if first is not None and first.status == _FATAL_ERROR:
+                raise _error(first, conn) from e
             raise
         finally:
             if broken:  # lost, or interrupted mid-pipeline: unusable
@@ -455,15 +467,15 @@ def _exchange(conn: Any, items: Sequence[tuple[Any, Any]]) -> list[_Rows]:
     tx: Any = None
     for name, res in zip(parses, results):
         status = None if res is None else res.status
-        if status == pq.ExecStatus.FATAL_ERROR:
+        if status == _FATAL_ERROR:
             if error is None:
-                error = errors.error_from_result(res, encoding=conn.info.encoding)
+                error = _error(res, conn)
         elif name is not None:
-            if status == pq.ExecStatus.COMMAND_OK:
+            if status == _COMMAND_OK:
                 names.add(name)
-        elif status == pq.ExecStatus.TUPLES_OK:
+        elif status == _TUPLES_OK:
             if tx is None:
-                tx = Transformer()
+                tx = lib["Transformer"]()
             tx.set_pgresult(res)
             out.append(_Rows(tx.load_rows(0, res.ntuples, tuple), res.ntuples))
         else:
@@ -494,6 +506,7 @@ def _prepared_names(conn: Any) -> set[bytes]:
         return _PREPARED.setdefault(conn, set())
 
 
+_allocate_lock = threading.Lock
 _BIG = object()  # a key whose value is too long to cache: never guessed
 _MISSING = object()
 
@@ -730,6 +743,7 @@ class _PGTxn:
         self._assumed: dict[bytes, bytes | None] = {}  # not yet in a guard
         self.assumed_keys: list[bytes] = []
         self._ranges: list[tuple[bytes | None, bytes | None]] = []  # delete_range calls
+        self._sent = 0  # round trips made (a mark is restorable only with none since)
 
     @property
     def _cur(self) -> Any:
@@ -756,6 +770,7 @@ class _PGTxn:
         pre.extend(self._queue)
         pre.extend((q, p, None) for q, p in self._flush_statements())
         self.speculate = False  # a round trip is paid now: read for real from here on
+        self._sent += 1
         out: Any = None
         resent = 0
         while True:
@@ -819,6 +834,32 @@ class _PGTxn:
             if pending is not None:
                 pending.rows = res.rows
         return results[-1] if query is not None else None
+
+    def _mark(self) -> tuple[Any, ...]:
+        """What ``_restore`` needs to undo one caller's function in a group
+        commit (see PostgresStore.transact): everything it did is still in
+        this process until the transaction's next round trip."""
+        return (
+            self._sent,
+            dict(self._known),
+            dict(self._dirty),
+            dict(self._assumed),
+            len(self.assumed_keys),
+            len(self._ranges),
+            len(self._queue),
+            dict(self._unclaimed),
+        )
+
+    def _restore(self, mark: tuple[Any, ...]) -> bool:
+        """Back to ``mark``; False when that cannot be (a round trip since
+        sent some of it, or a statement failed)."""
+        if mark[0] != self._sent or self.failed is not None or not self._open:
+            return False
+        _, self._known, self._dirty, self._assumed, keys, ranges, queued, self._unclaimed = mark
+        del self.assumed_keys[keys:]
+        del self._ranges[ranges:]
+        del self._queue[queued:]
+        return True
 
     def _fail(self, e: Exception, where: str) -> None:
         if _classify(e) == "lost" or self._conn.broken or self._conn.closed:
@@ -1039,13 +1080,13 @@ class _PGTxn:
                 names = _prepared_names(conn)
                 if name not in names:
                     pgconn.send_prepare(name, stmt.numbered, stmt.types)
-                    res = _own_result(conn.wait(_EXECUTE[0](pgconn)), conn)
+                    res = _own_result(conn.wait(_LIB["execute"](pgconn)), conn)
                     if res.status != _COMMAND_OK:
                         raise _error(res, conn)
                     names.add(name)
                 # our arrays: bytes already, sent as they are (binary)
                 pgconn.send_query_prepared(name, params, _BINARY[: len(params)], 0)
-                results = conn.wait(_EXECUTE[0](pgconn))
+                results = conn.wait(_LIB["execute"](pgconn))
                 res = results[0] if len(results) == 1 else _own_result(results, conn)
                 if res.status == _TUPLES_OK:
                     return [(int(res.get_value(0, 0) or b"0"),)]
@@ -1251,6 +1292,22 @@ def _inside(k: bytes, start: bytes | None, stop: bytes | None) -> bool:
     return (start is None or k >= start) and (stop is None or k < stop)
 
 
+class _Call:
+    """One ``transact`` call in a group commit: its function, and what it
+    gave. A call queued behind a leader waits on ``wake`` (a lock held from
+    the start), released once: when it is done, or when its thread is to
+    lead."""
+
+    __slots__ = ("done", "error", "fn", "result", "wake")
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = False
+        self.wake: Any = None
+
+
 class _ReadContext:
     __slots__ = ("_store", "_txn")
 
@@ -1352,6 +1409,10 @@ class PostgresStore:
         self._setup_lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._writer: int | None = None
+        # transact's group commit: calls waiting for a leader (see transact)
+        self._calls: list[_Call] = []
+        self._calls_lock = threading.Lock()
+        self._leader: _Call | None = None
         self._statements = 0  # statements sent (tests count round trips with these)
         self._cache = _Cache()
         self._adapted: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -1430,6 +1491,9 @@ class PostgresStore:
         self._finalizer = weakref.finalize(self, _close_pool, self._pool, self._pid)
         self._write_lock = threading.Lock()
         self._writer = None
+        self._calls = []
+        self._calls_lock = threading.Lock()
+        self._leader = None
 
     def _getconn(self) -> Any:
         from psycopg_pool import PoolTimeout
@@ -1620,64 +1684,204 @@ class PostgresStore:
         ``fn`` on a fresh transaction after a serialization failure, a
         deadlock, or a connection lost before ``COMMIT`` was sent (bounded by
         ``retries``, exponential backoff with jitter); an exception of ``fn``
-        rolls back and reaches the caller. ``fn`` must act only through ``txn``.
+        rolls back its changes and reaches the caller. ``fn`` must act only
+        through ``txn``, and may run more than once.
 
-        Speculation (issue #14: a put in one round trip, COMMIT included):
-        ``fn``'s first reads are answered from a cache of the values this
-        process's committed write transactions wrote and read (a key not
-        cached is assumed absent: a new checkpoint's keys are), with no round
-        trip; one guard statement, sent in the same pipeline as the writes and
+        Group commit (issue #14: a graph's put_writes and put of one step
+        come at once from two threads, and waited for each other's commit
+        half the time): calls made while another thread's transaction is
+        running are queued, and the next leader runs all of them in one
+        transaction, one after the other (each sees the changes of those
+        before it), and commits them with one round trip and one WAL flush.
+        A function that raises undoes only its own changes (they are still
+        buffered in this process: else the transaction is rolled back and
+        the others rerun) and its error reaches only its caller; a failed
+        commit is every caller's.
+
+        Speculation (a put in one round trip, COMMIT included): ``fn``'s
+        first reads are answered from a cache of the values this process's
+        committed write transactions wrote and read (a key not cached is
+        assumed absent: a new checkpoint's keys are), with no round trip; one
+        guard statement, sent in the same pipeline as the writes and
         ``COMMIT``, checks under SERIALIZABLE that every such key still holds
         the value assumed, and fails the transaction when one does not. Then
-        (or when ``fn`` raised an ordinary exception after a guess, since a
-        wrong guess may be why) ``fn`` is rerun at once reading from the
-        server, so a wrong guess costs a rerun, never a wrong write. Reads
-        after the transaction's first round trip are always real. Speculation
-        pauses while more than a quarter of recent guesses fail (another
-        machine writing the same threads)."""
-        self._enter_writer()
+        (or when a function raised an ordinary exception after a guess,
+        since a wrong guess may be why) the functions are rerun at once
+        reading from the server, so a wrong guess costs a rerun, never a
+        wrong write. Reads after the transaction's first round trip are
+        always real. Speculation pauses while more than a quarter of recent
+        guesses fail (another machine writing the same threads)."""
+        self._check_open()
+        if self.readonly:
+            raise ReadOnlyError(f"{self!r} was opened read-only")
+        if self._writer == threading.get_ident():
+            raise RuntimeError("a write transaction is already open in this thread")
+        call = _Call(fn)
+        with self._calls_lock:
+            self._calls.append(call)
+            lead = self._leader is None
+            if lead:
+                self._leader = call
+            else:
+                call.wake = _allocate_lock()
+                call.wake.acquire()
+        if not lead:
+            try:
+                call.wake.acquire()  # until a leader ran it, or made this thread lead
+            except BaseException:  # an interrupt while waiting
+                self._withdraw(call)
+                raise
+        if not call.done:
+            self._lead(call)
+        if call.error is not None:
+            raise call.error
+        return call.result  # type: ignore[no-any-return]
+
+    def _lead(self, call: _Call) -> None:
+        """Run every queued call (``call`` among them) as one batch, then make
+        the first call queued meanwhile the next leader."""
+        batch: list[_Call] = []
         try:
-            attempt = 0
-            speculate = self.speculate and self._misses < _SPECULATE_BELOW
-            if self.speculate and not speculate:
-                self._misses *= 0.95  # so that it is tried again some time
-            while True:
-                try:
-                    txn = self._open_txn(write=True)
-                except StoreUnavailableError:
-                    if attempt >= self.retries:
-                        raise
-                else:
-                    txn.speculate = speculate
-                    error: BaseException | None = None
-                    try:
-                        result = fn(txn)
-                    except BaseException as e:
-                        error = e
-                    fn_raised = error is not None  # fn's own error, not the commit's
-                    try:
-                        self._close_txn(txn, commit=error is None)
-                    except BaseException as e:
-                        error = e if error is None else error
-                    if txn.assumed_keys:
-                        wrong = isinstance(error, SpeculationFailed) or (
-                            fn_raised and isinstance(error, Exception)
-                        )
-                        self.speculations[0 if error is None else 1] += 1
-                        self._misses = self._misses * 0.9 + (0.1 if wrong else 0.0)
-                        if error is not None:
-                            self._cache.forget(txn.assumed_keys)
-                        if wrong:
-                            speculate = False
-                            continue  # at once, reading from the server
-                    if error is None:
-                        return result
-                    if not _retryable(error, txn) or attempt >= self.retries:
-                        raise error
-                attempt += 1
-                time.sleep(min(2.0, 0.01 * 2**attempt) * (0.5 + random.random()))
+            self._enter_writer()  # write() blocks of other threads wait (and we for them)
+            try:
+                with self._calls_lock:
+                    batch, self._calls = self._calls, []
+                self._run_batch(batch)
+            finally:
+                self._leave_writer()
+        except BaseException as e:
+            # Not run (the store closed, an interrupt): the next leader runs
+            # the others' calls (an interrupt while committing made them done,
+            # with CommitUnknownError); an interrupt is this thread's alone.
+            others = [c for c in batch if not c.done and c is not call]
+            with self._calls_lock:
+                self._calls[:0] = others
+            if not isinstance(e, Exception):
+                raise
+            if not call.done:
+                call.error, call.done = e, True
         finally:
-            self._leave_writer()
+            with self._calls_lock:
+                nxt = self._leader = self._calls[0] if self._calls else None
+            for c in batch:
+                if c is not call and c.done:
+                    c.wake.release()  # type: ignore[union-attr]
+            if nxt is not None:
+                nxt.wake.release()  # type: ignore[union-attr]
+
+    def _withdraw(self, call: _Call) -> None:
+        """An interrupted caller's call leaves the queue, and the lead passes
+        on if it had just been handed to it. A call a leader has taken
+        already is run (or was): as with any interrupted commit, the caller
+        cannot know whether it was applied."""
+        with self._calls_lock:
+            if call in self._calls:
+                self._calls.remove(call)
+            if self._leader is not call:
+                return
+            nxt = self._leader = self._calls[0] if self._calls else None
+        if nxt is not None:
+            nxt.wake.release()
+
+    def _close_quietly(self, txn: _PGTxn) -> None:
+        try:
+            self._close_txn(txn, commit=False)
+        except Exception:
+            pass
+
+    def _run_batch(self, batch: list[_Call]) -> None:
+        """One transaction for ``batch``'s functions, committed once; reruns
+        as ``transact`` says; every call ends done, with its result or error
+        (an interrupt propagates: see _lead)."""
+        attempt = 0
+        speculate = self.speculate and self._misses < _SPECULATE_BELOW
+        if self.speculate and not speculate:
+            self._misses *= 0.95  # so that it is tried again some time
+        todo = list(batch)
+        while todo:
+            try:
+                txn = self._open_txn(write=True)
+            except StoreUnavailableError as e:
+                if attempt >= self.retries:
+                    for c in todo:
+                        if not c.done:
+                            c.error, c.done = e, True
+                    return
+            else:
+                txn.speculate = speculate
+                try:
+                    ran, raised, error = self._run_calls(txn, todo)
+                except BaseException:  # an interrupt in a function: nothing committed
+                    self._close_quietly(txn)
+                    raise
+                committing = error is None and raised is None
+                try:
+                    self._close_txn(txn, commit=committing)
+                except Exception as e:
+                    error = error or e
+                except BaseException:
+                    if committing:  # an interrupt while committing: the batch's fate is unknown
+                        unknown = CommitUnknownError(
+                            "the thread committing this call's transaction (a group commit) "
+                            "was interrupted; the transaction may or may not have been applied"
+                        )
+                        for c in ran:
+                            c.error, c.done = unknown, True
+                    raise
+                if txn.assumed_keys:
+                    wrong = isinstance(error, SpeculationFailed) or raised is not None
+                    self.speculations[0 if error is None and raised is None else 1] += 1
+                    self._misses = self._misses * 0.9 + (0.1 if wrong else 0.0)
+                    if error is not None or raised is not None:
+                        self._cache.forget(txn.assumed_keys)
+                    if wrong:
+                        speculate = False
+                        continue  # at once, every function reading from the server
+                if raised is not None:  # its error is final; the others run again
+                    raised.done = True
+                    todo.remove(raised)
+                    continue
+                if error is None:
+                    for c in ran:
+                        c.done = True
+                    return
+                if not _retryable(error, txn) or attempt >= self.retries:
+                    for c in todo:
+                        if not c.done:  # not those whose own error was final
+                            c.error, c.done = error, True
+                    return
+            attempt += 1
+            time.sleep(min(2.0, 0.01 * 2**attempt) * (0.5 + random.random()))
+
+    def _run_calls(
+        self, txn: _PGTxn, todo: list[_Call]
+    ) -> tuple[list[_Call], _Call | None, BaseException | None]:
+        """Run the functions of ``todo`` in ``txn``: (the calls whose function
+        returned, a call whose function raised and whose changes could not be
+        undone alone (the transaction must be rolled back), the store's own
+        error that failed the transaction). A function that raised after
+        its changes were undone alone keeps its error and is done."""
+        ran: list[_Call] = []
+        alone = len(todo) == 1
+        for c in todo:
+            if c.done:
+                continue
+            mark = None if alone else txn._mark()
+            c.result, c.error = None, None
+            try:
+                c.result = c.fn(txn)
+            except Exception as e:
+                c.error = e
+                if txn.failed is not None and _retryable(txn.failed, txn):
+                    return ran, None, txn.failed  # a conflict, a lost connection: all again
+                if txn.assumed_keys:
+                    return ran, c, None  # maybe a wrong guess: all again, reading for real
+                if mark is not None and txn._restore(mark):
+                    c.done = True
+                    continue
+                return ran, c, None
+            ran.append(c)
+        return ran, None, None
 
     def _fate(self, xid: int | None, wait: float = 2.0) -> str | None:
         """'committed', 'aborted' or None (unknown) for a transaction whose

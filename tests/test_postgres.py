@@ -584,6 +584,175 @@ def test_transact_reruns_the_function_after_a_serialization_failure(
         b.close()
 
 
+def _group(store: PostgresStore, fns: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
+    """Calls "first" alone, holding its function until the other calls are
+    queued behind it; they then commit as one batch. Each call's outcome
+    (result or exception), and the sizes of the batches run."""
+    sizes: list[int] = []
+    run_batch = store._run_batch
+
+    def counted(batch: list[Any]) -> None:
+        sizes.append(len(batch))
+        run_batch(batch)
+
+    store._run_batch = counted  # type: ignore[method-assign]
+    held, go = threading.Event(), threading.Event()
+
+    def first(txn: Any) -> None:
+        held.set()
+        assert go.wait(10)
+        txn.put(b"first", b"1")
+
+    out: dict[str, Any] = {}
+
+    def call(name: str, fn: Any) -> None:
+        try:
+            out[name] = store.transact(fn)
+        except Exception as e:
+            out[name] = e
+
+    threads = [threading.Thread(target=call, args=("first", first))]
+    threads[0].start()
+    assert held.wait(10)
+    for name, fn in fns.items():
+        threads.append(threading.Thread(target=call, args=(name, fn)))
+        threads[-1].start()
+    deadline = time.monotonic() + 10
+    while len(store._calls) < len(fns) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    go.set()
+    for t in threads:
+        t.join(30)
+    store._run_batch = run_batch  # type: ignore[method-assign]
+    return out, sizes
+
+
+@pytest.mark.parametrize("speculate", [True, False], ids=["speculating", "reading"])
+def test_transact_calls_queued_behind_a_commit_share_the_next_one(
+    postgres_url: str, table: str, speculate: bool
+) -> None:
+    """Group commit: calls made while a transaction runs are committed
+    together in the next one (one round trip and WAL flush), in order, each
+    seeing the changes of those before it; a function that raises undoes
+    only its own changes, and its error reaches only its caller."""
+    store = PostgresStore(postgres_url, table=table, speculate=speculate)
+    try:
+        store.transact(lambda txn: txn.put(b"n", b"0"))
+
+        def add(txn: Any) -> int:
+            n = int(txn.get(b"n")) + 1
+            txn.put(b"n", b"%d" % n)
+            return n
+
+        def bad(txn: Any) -> None:
+            txn.put(b"bad", b"1")
+            txn.put(b"n", b"100")
+            raise ValueError("refused")
+
+        fns = {"a": add, "bad": bad, "b": add, "c": lambda txn: txn.put(b"c", b"1")}
+        out, sizes = _group(store, fns)
+        assert sizes == [1, 4]
+        assert {k: v for k, v in out.items() if k != "bad"} == {
+            "first": None, "a": 1, "b": 2, "c": None
+        }  # fmt: skip
+        assert isinstance(out["bad"], ValueError)
+        with store.read() as txn:
+            assert txn.get_many([b"n", b"bad", b"c", b"first"]) == [b"2", None, b"1", b"1"]
+        if speculate:  # write-only calls: a batch is one round trip, COMMIT included
+            trips = store._round_trips
+            out, sizes = _group(store, {"a": add, "b": add})
+            assert sizes == [1, 2] and out == {"first": None, "a": 3, "b": 4}
+            assert store._round_trips - trips == 2  # "first", then the batch
+    finally:
+        store.close()
+
+
+def test_a_call_that_read_and_raised_in_a_batch_reruns_the_others(
+    postgres_url: str, table: str
+) -> None:
+    """Without speculation a function's reads are round trips, which send the
+    batch's earlier writes: its changes cannot be undone alone, so the
+    transaction is rolled back and the others run again without it."""
+    store = PostgresStore(postgres_url, table=table, speculate=False)
+    runs = {"a": 0, "bad": 0}
+    try:
+
+        def a(txn: Any) -> None:
+            runs["a"] += 1
+            txn.put(b"a", b"%d" % runs["a"])
+
+        def bad(txn: Any) -> None:
+            runs["bad"] += 1
+            txn.get(b"other")  # a round trip, which sends the write of "a" with it
+            raise KeyError("no")
+
+        out, sizes = _group(store, {"a": a, "bad": bad})
+        assert sizes == [1, 2]
+        assert isinstance(out["bad"], KeyError) and out["a"] is None
+        assert runs == {"a": 2, "bad": 1}
+        with store.read() as txn:
+            assert txn.get(b"a") == b"2"
+    finally:
+        store.close()
+
+
+def test_an_interrupted_waiting_call_leaves_the_queue(
+    postgres_url: str, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller interrupted while its call waits behind a leader takes the
+    call out of the queue: it is not applied, and the calls behind it go on."""
+    from kvsaver.kv import postgres as kvpg
+
+    class Interrupted:  # the wait of the first call queued raises, as a ^C would
+        def acquire(self) -> None:
+            if getattr(self, "held", False):
+                raise KeyboardInterrupt
+            self.held = True
+
+        def release(self) -> None:
+            raise AssertionError("a withdrawn call is never woken")
+
+    locks: list[Any] = [Interrupted()]
+    monkeypatch.setattr(kvpg, "_allocate_lock", lambda: locks.pop() if locks else threading.Lock())
+    store = PostgresStore(postgres_url, table=table)
+    held, go = threading.Event(), threading.Event()
+    out: dict[str, Any] = {}
+
+    def first(txn: Any) -> None:
+        held.set()
+        assert go.wait(10)
+        txn.put(b"first", b"1")
+
+    def call(name: str, fn: Any) -> None:
+        try:
+            out[name] = store.transact(fn)
+        except BaseException as e:
+            out[name] = e
+
+    try:
+        threads = [threading.Thread(target=call, args=("first", first))]
+        threads[0].start()
+        assert held.wait(10)
+        threads.append(threading.Thread(target=call, args=("b", lambda t: t.put(b"b", b"1"))))
+        threads[-1].start()
+        threads[-1].join(10)
+        assert isinstance(out["b"], KeyboardInterrupt) and store._calls == []
+        threads.append(threading.Thread(target=call, args=("c", lambda t: t.put(b"c", b"1"))))
+        threads[-1].start()
+        deadline = time.monotonic() + 10
+        while not store._calls and time.monotonic() < deadline:
+            time.sleep(0.001)
+        go.set()
+        for t in threads:
+            t.join(30)
+        assert out["first"] is None and out["c"] is None
+        with store.read() as txn:
+            assert txn.get_many([b"first", b"b", b"c"]) == [b"1", None, b"1"]
+    finally:
+        go.set()
+        store.close()
+
+
 def test_conflict_in_a_write_block_raises_and_applies_nothing(
     postgres_url: str, table: str
 ) -> None:
