@@ -133,6 +133,7 @@ _HASH_OVER = 64  # a guard compares a longer assumed value by its SHA-256
 _CACHE_BYTES = 8 << 20  # the cache of committed values that transact speculates from
 _CACHE_ENTRY = 256 << 10  # a longer value is not cached (a read of it is not speculated)
 _SPECULATE_BELOW = 0.25  # speculate while fewer guesses than this fail (moving average)
+_POLL_SECONDS = 0.5  # a call waiting in a group commit checks its state this often
 
 
 class StoreUnavailableError(KVError):
@@ -919,8 +920,14 @@ class _PGTxn:
         return queued + self._flush_statements()
 
     def finish(self, commit: bool) -> None:
-        """COMMIT (with the buffered writes, one round trip) or ROLLBACK."""
+        """COMMIT (with the buffered writes, one round trip) or ROLLBACK. A
+        transaction one of whose statements failed is rolled back, and asked
+        to commit, raises that failure (its function may have caught it)."""
         self._open = False
+        if commit and self.failed is not None:
+            if not self.lost:
+                self._rollback_quietly()
+            raise self.failed
         if commit and not self._begun and not self._queue and not self.lost:
             # Only writes (and guesses), no read: BEGIN, one statement doing
             # them all, and COMMIT, in one go.
@@ -1298,14 +1305,16 @@ class _Call:
     the start), released once: when it is done, or when its thread is to
     lead."""
 
-    __slots__ = ("done", "error", "fn", "result", "wake")
+    __slots__ = ("done", "error", "fn", "result", "wake", "withdrawn")
 
     def __init__(self, fn: Callable[[Any], Any]) -> None:
         self.fn = fn
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = False
-        self.wake: Any = None
+        self.withdrawn = False  # its caller was interrupted while it waited
+        self.wake = _allocate_lock()
+        self.wake.acquire()
 
 
 class _ReadContext:
@@ -1495,17 +1504,31 @@ class PostgresStore:
         self._calls_lock = threading.Lock()
         self._leader = None
 
-    def _getconn(self) -> Any:
+    def _getconn(self, lingering: bool = False) -> Any:
+        """A connection of the pool, ready for our statements. ``lingering``:
+        or one of ours that lingers (see _close_txn), returned as (it, holds a
+        read's snapshot), whichever comes first: a pool with every connection
+        out is asked in slices, so a caller waiting for it also takes one that
+        another thread of this store just let linger, not only one the reaper
+        gives back up to ``_LINGER`` s later."""
         from psycopg_pool import PoolTimeout
 
-        try:
-            conn = self._pool.getconn(timeout=self.pool_timeout)
-        except PoolTimeout as e:
-            raise StoreUnavailableError(
-                f"no connection to PostgreSQL within {self.pool_timeout:g} s ({e})"
-            ) from e
-        except Exception as e:
-            raise _translate(e, "connect") from e
+        deadline = time.monotonic() + self.pool_timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                conn = self._pool.getconn(timeout=min(left, _POOL_SLICE) if lingering else left)
+                break
+            except PoolTimeout as e:
+                got = self._lingering.take() if lingering else None
+                if got is not None:
+                    return got
+                if time.monotonic() >= deadline:
+                    raise StoreUnavailableError(
+                        f"no connection to PostgreSQL within {self.pool_timeout:g} s ({e})"
+                    ) from e
+            except Exception as e:
+                raise _translate(e, "connect") from e
         if not conn.autocommit:
             conn.autocommit = True  # transactions are explicit BEGIN ... COMMIT
         # No prepared statements of psycopg's: its cache can name a statement
@@ -1548,9 +1571,9 @@ class PostgresStore:
     def _open_txn(self, write: bool) -> _PGTxn:
         self._check_open()
         self.setup()
-        got = self._lingering.take()
-        if got is None:
-            return _PGTxn(self, self._getconn(), write)
+        got = self._lingering.take() or self._getconn(lingering=True)
+        if not isinstance(got, tuple):  # from the pool
+            return _PGTxn(self, got, write)
         txn = _PGTxn(self, got[0], write)
         txn._pre_rollback = got[1]
         return txn
@@ -1722,17 +1745,18 @@ class PostgresStore:
             lead = self._leader is None
             if lead:
                 self._leader = call
-            else:
-                call.wake = _allocate_lock()
-                call.wake.acquire()
-        if not lead:
-            try:
-                call.wake.acquire()  # until a leader ran it, or made this thread lead
-            except BaseException:  # an interrupt while waiting
-                self._withdraw(call)
-                raise
-        if not call.done:
-            self._lead(call)
+        try:
+            if not lead:
+                # Until a leader ran it, or made this thread lead (woken by a
+                # release; the check covers a wake-up an interrupt swallowed).
+                while not call.wake.acquire(timeout=_POLL_SECONDS):
+                    if call.done or self._leader is call:
+                        break
+            if not call.done:
+                self._lead(call)
+        except BaseException:  # an interrupt: no call of ours left queued or leading
+            self._withdraw(call)
+            raise
         if call.error is not None:
             raise call.error
         return call.result  # type: ignore[no-any-return]
@@ -1753,8 +1777,12 @@ class PostgresStore:
             # Not run (the store closed, an interrupt): the next leader runs
             # the others' calls (an interrupt while committing made them done,
             # with CommitUnknownError); an interrupt is this thread's alone.
+            # This call leaves the queue (not taken when _enter_writer failed):
+            # else it would be made the next leader, done, and lead nobody.
             others = [c for c in batch if not c.done and c is not call]
             with self._calls_lock:
+                if call in self._calls:
+                    self._calls.remove(call)
                 self._calls[:0] = others
             if not isinstance(e, Exception):
                 raise
@@ -1765,15 +1793,16 @@ class PostgresStore:
                 nxt = self._leader = self._calls[0] if self._calls else None
             for c in batch:
                 if c is not call and c.done:
-                    c.wake.release()  # type: ignore[union-attr]
+                    c.wake.release()
             if nxt is not None:
-                nxt.wake.release()  # type: ignore[union-attr]
+                nxt.wake.release()
 
     def _withdraw(self, call: _Call) -> None:
         """An interrupted caller's call leaves the queue, and the lead passes
         on if it had just been handed to it. A call a leader has taken
         already is run (or was): as with any interrupted commit, the caller
         cannot know whether it was applied."""
+        call.withdrawn = True  # a leader that took it already skips it if it can
         with self._calls_lock:
             if call in self._calls:
                 self._calls.remove(call)
@@ -1864,12 +1893,15 @@ class PostgresStore:
         ran: list[_Call] = []
         alone = len(todo) == 1
         for c in todo:
-            if c.done:
+            if c.done or c.withdrawn:
                 continue
             mark = None if alone else txn._mark()
             c.result, c.error = None, None
             try:
                 c.result = c.fn(txn)
+                if txn.failed is not None:  # it caught the store's error: nothing can commit
+                    c.result = None
+                    return ran, None, txn.failed
             except Exception as e:
                 c.error = e
                 if txn.failed is not None and _retryable(txn.failed, txn):
@@ -1974,6 +2006,7 @@ def _retryable(error: BaseException, txn: _PGTxn) -> bool:
 
 
 _LINGER = 0.5  # seconds a read's snapshot may stay open waiting for the next transaction
+_POOL_SLICE = 0.1  # seconds between looks at lingering connections while the pool is empty
 
 
 class _Lingering:

@@ -24,6 +24,7 @@ from kvsaver.kv import (
     FormatVersionError,
     KVError,
     PostgresStore,
+    StoreClosedError,
     StoreConflictError,
     StoreTimeoutError,
     StoreUnavailableError,
@@ -514,6 +515,48 @@ def test_a_store_dropped_unclosed_gives_its_lingering_connection_back(
         pool.close()
 
 
+def test_a_caller_waiting_for_the_pool_takes_a_connection_left_lingering(
+    postgres_url: str, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With every connection of the pool out, a caller waiting for one also
+    takes a connection another thread of the store leaves lingering, not only
+    one the reaper gives back to the pool (here not before 30 s: the wait
+    for the pool would time out)."""
+    from kvsaver.kv import postgres as kvpg
+
+    monkeypatch.setattr(kvpg, "_LINGER", 30.0)
+    store = PostgresStore(postgres_url, table=table, max_size=1, pool_timeout=10)
+    held, go = threading.Event(), threading.Event()
+    out: dict[str, Any] = {}
+
+    def write(txn: Any) -> None:
+        held.set()
+        assert go.wait(10)
+        txn.put(b"a", b"1")
+
+    def read() -> None:
+        try:
+            with store.read() as txn:
+                out["read"] = txn.get(b"a")
+        except Exception as e:
+            out["read"] = e
+
+    try:
+        writer = threading.Thread(target=store.transact, args=(write,))
+        writer.start()
+        assert held.wait(10)
+        reader = threading.Thread(target=read)
+        reader.start()  # waits: the pool's one connection is the writer's
+        time.sleep(0.2)
+        go.set()
+        writer.join(15)
+        reader.join(15)
+        assert out["read"] == b"1"
+    finally:
+        go.set()
+        store.close()
+
+
 def test_a_write_keeps_its_connection_only_on_the_stores_own_pool(
     postgres_url: str, table: str
 ) -> None:
@@ -696,6 +739,88 @@ def test_a_call_that_read_and_raised_in_a_batch_reruns_the_others(
         store.close()
 
 
+def test_a_function_that_catches_the_stores_error_fails_the_batch_not_only_itself(
+    postgres_url: str, table: str
+) -> None:
+    """In a batch, a function catches the error of a round trip that failed
+    (its session killed) and returns: the transaction cannot commit, so no
+    call of the batch may report success; they are rerun (the connection
+    lost: retried), and every write reported done is stored."""
+    store = PostgresStore(postgres_url, table=table, speculate=False)
+    kills: list[int] = []
+    try:
+        store.transact(lambda txn: txn.put(b"seed", b"1"))
+
+        def a(txn: Any) -> str:
+            txn.get(b"seed")  # a round trip: the transaction has begun
+            txn.put(b"A", b"1")
+            return "A"
+
+        def b(txn: Any) -> str:
+            if not kills:  # once: the rerun goes through
+                kills.append(txn._conn.info.backend_pid)
+                _admin(postgres_url, "SELECT pg_terminate_backend(%s)", (kills[0],))
+            try:
+                txn.get(b"other")
+            except KVError:
+                return "B caught"
+            txn.put(b"B", b"1")
+            return "B"
+
+        out, sizes = _group(store, {"a": a, "b": b})
+        assert sizes == [1, 2] and kills
+        assert out == {"first": None, "a": "A", "b": "B"}
+        with store.read() as txn:
+            assert txn.get_many([b"A", b"B", b"first"]) == [b"1", b"1", b"1"]
+    finally:
+        store.close()
+
+
+def test_closing_the_store_under_queued_calls_fails_each_and_hangs_none(
+    postgres_url: str, table: str
+) -> None:
+    """close() while calls wait behind a running leader: the leader's call
+    commits; each queued one gets StoreClosedError in its own thread, none
+    is left waiting, and no leader is left set."""
+    store = PostgresStore(postgres_url, table=table)
+    store.transact(lambda txn: txn.put(b"a", b"1"))
+    held, go = threading.Event(), threading.Event()
+    out: dict[str, Any] = {}
+
+    def slow(txn: Any) -> None:
+        held.set()
+        assert go.wait(10)
+        txn.put(b"slow", b"1")
+
+    def call(name: str, fn: Any) -> None:
+        try:
+            out[name] = store.transact(fn)
+        except Exception as e:
+            out[name] = e
+
+    threads = [threading.Thread(target=call, args=("leader", slow))]
+    threads[0].start()
+    assert held.wait(10)
+    for i in range(3):
+        threads.append(
+            threading.Thread(target=call, args=(f"f{i}", lambda txn: txn.put(b"f", b"1")))
+        )
+        threads[-1].start()
+    deadline = time.monotonic() + 10
+    while len(store._calls) < 3 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    closer = threading.Thread(target=store.close)
+    closer.start()
+    time.sleep(0.1)
+    go.set()
+    for t in [*threads, closer]:
+        t.join(15)
+    assert not any(t.is_alive() for t in threads)
+    assert out["leader"] is None
+    assert all(isinstance(out[f"f{i}"], StoreClosedError) for i in range(3)), out
+    assert store._leader is None and store._calls == []
+
+
 def test_an_interrupted_waiting_call_leaves_the_queue(
     postgres_url: str, table: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -703,17 +828,16 @@ def test_an_interrupted_waiting_call_leaves_the_queue(
     call out of the queue: it is not applied, and the calls behind it go on."""
     from kvsaver.kv import postgres as kvpg
 
-    class Interrupted:  # the wait of the first call queued raises, as a ^C would
-        def acquire(self) -> None:
+    class Interrupted:  # the wait of the call queued raises, as a ^C would
+        def acquire(self, timeout: float = -1) -> bool:
             if getattr(self, "held", False):
                 raise KeyboardInterrupt
             self.held = True
+            return True
 
         def release(self) -> None:
             raise AssertionError("a withdrawn call is never woken")
 
-    locks: list[Any] = [Interrupted()]
-    monkeypatch.setattr(kvpg, "_allocate_lock", lambda: locks.pop() if locks else threading.Lock())
     store = PostgresStore(postgres_url, table=table)
     held, go = threading.Event(), threading.Event()
     out: dict[str, Any] = {}
@@ -733,6 +857,10 @@ def test_an_interrupted_waiting_call_leaves_the_queue(
         threads = [threading.Thread(target=call, args=("first", first))]
         threads[0].start()
         assert held.wait(10)
+        locks: list[Any] = [Interrupted()]  # for the next call made
+        monkeypatch.setattr(
+            kvpg, "_allocate_lock", lambda: locks.pop() if locks else threading.Lock()
+        )
         threads.append(threading.Thread(target=call, args=("b", lambda t: t.put(b"b", b"1"))))
         threads[-1].start()
         threads[-1].join(10)
