@@ -1018,7 +1018,13 @@ class _PGTxn:
         self._store._round_trips += 1
         try:
             if self._store.prepare:
-                if implicit and len(pre) == 1 and pre[0][0] is self._q.write_all:
+                q = self._q.write_all
+                if (
+                    implicit
+                    and len(pre) == 1
+                    and pre[0][0] is q
+                    and q.name in _prepared_names(self._conn)
+                ):
                     self._xid.rows = self._exec_prepared(pre[0][1])
                 else:
                     self._xid.rows = self._exchange_commit(pre, xid_after, xid_in, implicit)
@@ -1070,39 +1076,32 @@ class _PGTxn:
             self._dirty.clear()
 
     def _exec_prepared(self, params: Sequence[Any]) -> list[tuple[int]]:
-        """The write-only statement as a server-side prepared statement of
-        our own, parsed and planned once per connection as PostgresSaver's
-        statements are (planning it took ~150 us of the server's time at
-        every put and put_writes: issue #14, pg_stat_statements). The first
-        use on a connection costs one more round trip (Parse). A statement
-        the server no longer has (a pool's reset, DEALLOCATE ALL) is
-        prepared again: it failed before running, so nothing is applied
-        twice. The rows: the transaction's id."""
+        """The write-only statement, prepared on this connection already (see
+        _commit), as a server-side prepared statement of our own, parsed and
+        planned once per connection as PostgresSaver's statements are
+        (planning it took ~150 us of the server's time at every put and
+        put_writes: issue #14, pg_stat_statements): no pipeline, the least
+        client CPU. A statement the server no longer has (a pool's reset,
+        DEALLOCATE ALL) failed before running, so nothing is applied twice:
+        it is prepared again and sent once more. The rows: the transaction's
+        id."""
         stmt = self._q.write_all
         conn = self._conn
         pgconn = conn.pgconn
-        name = stmt.name
         with conn.lock:
-            for attempt in (0, 1):
-                names = _prepared_names(conn)
-                if name not in names:
-                    pgconn.send_prepare(name, stmt.numbered, stmt.types)
-                    res = _own_result(conn.wait(_LIB["execute"](pgconn)), conn)
-                    if res.status != _COMMAND_OK:
-                        raise _error(res, conn)
-                    names.add(name)
-                # our arrays: bytes already, sent as they are (binary)
-                pgconn.send_query_prepared(name, params, _BINARY[: len(params)], 0)
-                results = conn.wait(_LIB["execute"](pgconn))
-                res = results[0] if len(results) == 1 else _own_result(results, conn)
-                if res.status == _TUPLES_OK:
-                    return [(int(res.get_value(0, 0) or b"0"),)]
-                error = _error(res, conn)
-                if attempt == 0 and _unprepared(error):
-                    names.clear()  # every statement went: see _exchange
-                    continue
-                raise error
-        raise AssertionError("unreachable")
+            # our arrays: bytes already, sent as they are (binary)
+            pgconn.send_query_prepared(stmt.name, params, _BINARY[: len(params)], 0)
+            results = conn.wait(_LIB["execute"](pgconn))
+        res = results[0] if len(results) == 1 else _own_result(results, conn)
+        if res.status == _TUPLES_OK:
+            return [(int(res.get_value(0, 0) or b"0"),)]
+        error = _error(res, conn)
+        if not _unprepared(error):
+            raise error
+        _prepared_names(conn).clear()  # every statement went: see _exchange
+        rows = self._exchange_commit([(stmt, params)], -1, True, True)
+        assert rows is not None
+        return rows
 
     def _exchange_commit(
         self, pre: list[tuple[Any, Any]], xid_after: int | None, xid_in: bool, implicit: bool
