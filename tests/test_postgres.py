@@ -627,6 +627,47 @@ def test_transact_reruns_the_function_after_a_serialization_failure(
         b.close()
 
 
+class _Queue:
+    """A call "first" holding its store's lead (inside its function) while
+    other calls queue behind it; each call's outcome, result or exception,
+    in ``out``."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self.store = store
+        self.held, self.go = threading.Event(), threading.Event()
+        self.out: dict[str, Any] = {}
+        self.threads: list[threading.Thread] = []
+        self.start("first", self._first)
+        assert self.held.wait(10)
+
+    def _first(self, txn: Any) -> None:
+        self.held.set()
+        assert self.go.wait(10)
+        txn.put(b"first", b"1")
+
+    def start(self, name: str, fn: Any) -> threading.Thread:
+        def run() -> None:
+            try:
+                self.out[name] = self.store.transact(fn)
+            except BaseException as e:
+                self.out[name] = e
+
+        t = threading.Thread(target=run)
+        t.start()
+        self.threads.append(t)
+        return t
+
+    def wait_queued(self, n: int) -> None:
+        deadline = time.monotonic() + 10
+        while len(self.store._calls) < n and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    def release(self) -> None:
+        self.go.set()
+        for t in self.threads:
+            t.join(30)
+
+
 def _group(store: PostgresStore, fns: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
     """Calls "first" alone, holding its function until the other calls are
     queued behind it; they then commit as one batch. Each call's outcome
@@ -639,35 +680,13 @@ def _group(store: PostgresStore, fns: dict[str, Any]) -> tuple[dict[str, Any], l
         run_batch(batch)
 
     store._run_batch = counted  # type: ignore[method-assign]
-    held, go = threading.Event(), threading.Event()
-
-    def first(txn: Any) -> None:
-        held.set()
-        assert go.wait(10)
-        txn.put(b"first", b"1")
-
-    out: dict[str, Any] = {}
-
-    def call(name: str, fn: Any) -> None:
-        try:
-            out[name] = store.transact(fn)
-        except Exception as e:
-            out[name] = e
-
-    threads = [threading.Thread(target=call, args=("first", first))]
-    threads[0].start()
-    assert held.wait(10)
+    queue = _Queue(store)
     for name, fn in fns.items():
-        threads.append(threading.Thread(target=call, args=(name, fn)))
-        threads[-1].start()
-    deadline = time.monotonic() + 10
-    while len(store._calls) < len(fns) and time.monotonic() < deadline:
-        time.sleep(0.001)
-    go.set()
-    for t in threads:
-        t.join(30)
+        queue.start(name, fn)
+    queue.wait_queued(len(fns))
+    queue.release()
     store._run_batch = run_batch  # type: ignore[method-assign]
-    return out, sizes
+    return queue.out, sizes
 
 
 @pytest.mark.parametrize("speculate", [True, False], ids=["speculating", "reading"])
@@ -784,40 +803,18 @@ def test_closing_the_store_under_queued_calls_fails_each_and_hangs_none(
     is left waiting, and no leader is left set."""
     store = PostgresStore(postgres_url, table=table)
     store.transact(lambda txn: txn.put(b"a", b"1"))
-    held, go = threading.Event(), threading.Event()
-    out: dict[str, Any] = {}
-
-    def slow(txn: Any) -> None:
-        held.set()
-        assert go.wait(10)
-        txn.put(b"slow", b"1")
-
-    def call(name: str, fn: Any) -> None:
-        try:
-            out[name] = store.transact(fn)
-        except Exception as e:
-            out[name] = e
-
-    threads = [threading.Thread(target=call, args=("leader", slow))]
-    threads[0].start()
-    assert held.wait(10)
+    queue = _Queue(store)
     for i in range(3):
-        threads.append(
-            threading.Thread(target=call, args=(f"f{i}", lambda txn: txn.put(b"f", b"1")))
-        )
-        threads[-1].start()
-    deadline = time.monotonic() + 10
-    while len(store._calls) < 3 and time.monotonic() < deadline:
-        time.sleep(0.001)
+        queue.start(f"f{i}", lambda txn: txn.put(b"f", b"1"))
+    queue.wait_queued(3)
     closer = threading.Thread(target=store.close)
     closer.start()
     time.sleep(0.1)
-    go.set()
-    for t in [*threads, closer]:
-        t.join(15)
-    assert not any(t.is_alive() for t in threads)
-    assert out["leader"] is None
-    assert all(isinstance(out[f"f{i}"], StoreClosedError) for i in range(3)), out
+    queue.release()
+    closer.join(15)
+    assert not any(t.is_alive() for t in queue.threads)
+    assert queue.out["first"] is None
+    assert all(isinstance(queue.out[f"f{i}"], StoreClosedError) for i in range(3)), queue.out
     assert store._leader is None and store._calls == []
 
 
@@ -839,45 +836,21 @@ def test_an_interrupted_waiting_call_leaves_the_queue(
             raise AssertionError("a withdrawn call is never woken")
 
     store = PostgresStore(postgres_url, table=table)
-    held, go = threading.Event(), threading.Event()
-    out: dict[str, Any] = {}
-
-    def first(txn: Any) -> None:
-        held.set()
-        assert go.wait(10)
-        txn.put(b"first", b"1")
-
-    def call(name: str, fn: Any) -> None:
-        try:
-            out[name] = store.transact(fn)
-        except BaseException as e:
-            out[name] = e
-
     try:
-        threads = [threading.Thread(target=call, args=("first", first))]
-        threads[0].start()
-        assert held.wait(10)
+        queue = _Queue(store)
         locks: list[Any] = [Interrupted()]  # for the next call made
         monkeypatch.setattr(
             kvpg, "_allocate_lock", lambda: locks.pop() if locks else threading.Lock()
         )
-        threads.append(threading.Thread(target=call, args=("b", lambda t: t.put(b"b", b"1"))))
-        threads[-1].start()
-        threads[-1].join(10)
-        assert isinstance(out["b"], KeyboardInterrupt) and store._calls == []
-        threads.append(threading.Thread(target=call, args=("c", lambda t: t.put(b"c", b"1"))))
-        threads[-1].start()
-        deadline = time.monotonic() + 10
-        while not store._calls and time.monotonic() < deadline:
-            time.sleep(0.001)
-        go.set()
-        for t in threads:
-            t.join(30)
-        assert out["first"] is None and out["c"] is None
+        queue.start("b", lambda t: t.put(b"b", b"1")).join(10)
+        assert isinstance(queue.out["b"], KeyboardInterrupt) and store._calls == []
+        queue.start("c", lambda t: t.put(b"c", b"1"))
+        queue.wait_queued(1)
+        queue.release()
+        assert queue.out["first"] is None and queue.out["c"] is None
         with store.read() as txn:
             assert txn.get_many([b"first", b"b", b"c"]) == [b"1", None, b"1"]
     finally:
-        go.set()
         store.close()
 
 
