@@ -1820,7 +1820,17 @@ class PostgresStore:
     def _run_batch(self, batch: list[_Call]) -> None:
         """One transaction for ``batch``'s functions, committed once; reruns
         as ``transact`` says; every call ends done, with its result or error
-        (an interrupt propagates: see _lead)."""
+        (an interrupt propagates: see _lead). A call whose function raised
+        where its changes could not be undone alone leaves the batch, the
+        transaction is rolled back, and it runs after the others' commit, by
+        itself: its error is then that of a function run as if alone, after
+        them (not one seen in changes of theirs that were never committed)."""
+        later: list[_Call] = []
+        self._run_together(batch, later)
+        for c in later:
+            self._run_together([c], later)
+
+    def _run_together(self, batch: list[_Call], later: list[_Call]) -> None:
         attempt = 0
         speculate = self.speculate and self._misses < _SPECULATE_BELOW
         if self.speculate and not speculate:
@@ -1853,8 +1863,8 @@ class PostgresStore:
                             "the thread committing this call's transaction (a group commit) "
                             "was interrupted; the transaction may or may not have been applied"
                         )
-                        for c in ran:
-                            c.error, c.done = unknown, True
+                        for c in ran:  # (one whose function raised keeps its error)
+                            c.error, c.done = c.error or unknown, True
                     raise
                 if txn.assumed_keys:
                     wrong = isinstance(error, SpeculationFailed) or raised is not None
@@ -1865,8 +1875,11 @@ class PostgresStore:
                     if wrong:
                         speculate = False
                         continue  # at once, every function reading from the server
-                if raised is not None:  # its error is final; the others run again
-                    raised.done = True
+                if raised is not None:  # the others run again; it, alone, after them
+                    if len(todo) > 1:
+                        later.append(raised)
+                    else:
+                        raised.done = True  # run alone: its error is final
                     todo.remove(raised)
                     continue
                 if error is None:
@@ -1885,10 +1898,11 @@ class PostgresStore:
         self, txn: _PGTxn, todo: list[_Call]
     ) -> tuple[list[_Call], _Call | None, BaseException | None]:
         """Run the functions of ``todo`` in ``txn``: (the calls whose function
-        returned, a call whose function raised and whose changes could not be
+        returned, or raised and had its changes undone alone (its error kept
+        for when the transaction commits; rerun with the others if it does
+        not), a call whose function raised and whose changes could not be
         undone alone (the transaction must be rolled back), the store's own
-        error that failed the transaction). A function that raised after
-        its changes were undone alone keeps its error and is done."""
+        error that failed the transaction)."""
         ran: list[_Call] = []
         alone = len(todo) == 1
         for c in todo:
@@ -1908,7 +1922,7 @@ class PostgresStore:
                 if txn.assumed_keys:
                     return ran, c, None  # maybe a wrong guess: all again, reading for real
                 if mark is not None and txn._restore(mark):
-                    c.done = True
+                    ran.append(c)
                     continue
                 return ran, c, None
             ran.append(c)
