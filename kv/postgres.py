@@ -176,30 +176,27 @@ def _psycopg() -> Any:
             "PostgresStore needs psycopg 3 and psycopg_pool: pip install 'kvsaver[postgres]'"
         ) from e
     if not _LIB:
-        from psycopg import errors, pq
+        from psycopg import errors
         from psycopg.adapt import Transformer
         from psycopg.generators import execute, fetch_many, send
 
         _LIB.update(
-            errors=errors, pq=pq, Transformer=Transformer, execute=execute,
-            fetch_many=fetch_many, send=send,
+            errors=errors, Transformer=Transformer, execute=execute, fetch_many=fetch_many,
+            send=send,
         )  # fmt: skip
     return psycopg
 
 
 # What the hot paths use of psycopg, imported once (an import statement in a
 # function costs ~1 us a name, at every put and read); libpq's result
-# statuses (PGRES_*); parameter formats (1: binary).
+# statuses (PGRES_*).
 _LIB: dict[str, Any] = {}
 _COMMAND_OK, _TUPLES_OK, _FATAL_ERROR, _PIPELINE_SYNC = 1, 2, 7, 10
-_BINARY = (1,) * 8
 
 
 def _error(res: Any, conn: Any) -> Exception:
     """The exception psycopg raises for a failed result."""
-    from psycopg import errors
-
-    return errors.error_from_result(res, encoding=conn.info.encoding)
+    return _LIB["errors"].error_from_result(res, encoding=conn.info.encoding)
 
 
 _ABANDONED: list[Any] = []  # pools inherited through fork: never closed in the child
@@ -507,7 +504,7 @@ def _prepared_names(conn: Any) -> set[bytes]:
         return _PREPARED.setdefault(conn, set())
 
 
-_allocate_lock = threading.Lock
+_allocate_lock = threading.Lock  # a group commit's wake-up locks (a test stands one in)
 _BIG = object()  # a key whose value is too long to cache: never guessed
 _MISSING = object()
 
@@ -1090,7 +1087,7 @@ class _PGTxn:
         pgconn = conn.pgconn
         with conn.lock:
             # our arrays: bytes already, sent as they are (binary)
-            pgconn.send_query_prepared(stmt.name, params, _BINARY[: len(params)], 0)
+            pgconn.send_query_prepared(stmt.name, params, (1,) * len(params), 0)
             results = conn.wait(_LIB["execute"](pgconn))
         res = results[0] if len(results) == 1 else _own_result(results, conn)
         if res.status == _TUPLES_OK:
@@ -1503,13 +1500,20 @@ class PostgresStore:
         self._calls_lock = threading.Lock()
         self._leader = None
 
-    def _getconn(self, lingering: bool = False) -> Any:
-        """A connection of the pool, ready for our statements. ``lingering``:
-        or one of ours that lingers (see _close_txn), returned as (it, holds a
-        read's snapshot), whichever comes first: a pool with every connection
-        out is asked in slices, so a caller waiting for it also takes one that
-        another thread of this store just let linger, not only one the reaper
-        gives back up to ``_LINGER`` s later."""
+    def _getconn(self) -> Any:
+        """A connection of the pool, ready for our statements."""
+        return self._wait_for_connection(lingering=False)[0]
+
+    def _connection(self) -> tuple[Any, bool]:
+        """A connection for a transaction, and whether it still holds a
+        read's snapshot: one of ours that lingers (see _close_txn), else the
+        pool's. A pool with every connection out is asked in slices, so a
+        caller waiting for it also takes one that another thread of this
+        store just let linger, not only one the reaper gives back to the
+        pool up to ``_LINGER`` s later."""
+        return self._lingering.take() or self._wait_for_connection(lingering=True)
+
+    def _wait_for_connection(self, lingering: bool) -> tuple[Any, bool]:
         from psycopg_pool import PoolTimeout
 
         deadline = time.monotonic() + self.pool_timeout
@@ -1517,7 +1521,7 @@ class PostgresStore:
             left = deadline - time.monotonic()
             try:
                 conn = self._pool.getconn(timeout=min(left, _POOL_SLICE) if lingering else left)
-                break
+                return self._set_up_conn(conn), False
             except PoolTimeout as e:
                 got = self._lingering.take() if lingering else None
                 if got is not None:
@@ -1526,14 +1530,20 @@ class PostgresStore:
                     raise StoreUnavailableError(
                         f"no connection to PostgreSQL within {self.pool_timeout:g} s ({e})"
                     ) from e
+            except KVError:
+                raise
             except Exception as e:
                 raise _translate(e, "connect") from e
+
+    def _set_up_conn(self, conn: Any) -> Any:
+        """A connection just taken from the pool, set up for our statements."""
         if not conn.autocommit:
             conn.autocommit = True  # transactions are explicit BEGIN ... COMMIT
         # No prepared statements of psycopg's: its cache can name a statement
         # the server no longer has (a ROLLBACK's result makes it queue a
-        # DEALLOCATE ALL, sent after the next statement it prepares). The
-        # one statement worth preparing is prepared by _exec_prepared.
+        # DEALLOCATE ALL, sent after the next statement it prepares). Ours
+        # are prepared by name, each the first time a connection needs it
+        # (_exchange).
         conn.prepare_threshold = None
         if conn not in self._adapted:  # our arrays go as they are (_bytea_array)
             _register_arrays(conn)
@@ -1570,11 +1580,9 @@ class PostgresStore:
     def _open_txn(self, write: bool) -> _PGTxn:
         self._check_open()
         self.setup()
-        got = self._lingering.take() or self._getconn(lingering=True)
-        if not isinstance(got, tuple):  # from the pool
-            return _PGTxn(self, got, write)
-        txn = _PGTxn(self, got[0], write)
-        txn._pre_rollback = got[1]
+        conn, holds_snapshot = self._connection()
+        txn = _PGTxn(self, conn, write)
+        txn._pre_rollback = holds_snapshot
         return txn
 
     def _close_txn(self, txn: _PGTxn, commit: bool) -> None:
@@ -1789,7 +1797,7 @@ class PostgresStore:
                 call.error, call.done = e, True
         finally:
             with self._calls_lock:
-                nxt = self._leader = self._calls[0] if self._calls else None
+                nxt = self._next_leader()
             for c in batch:
                 if c is not call and c.done:
                     c.wake.release()
@@ -1807,9 +1815,15 @@ class PostgresStore:
                 self._calls.remove(call)
             if self._leader is not call:
                 return
-            nxt = self._leader = self._calls[0] if self._calls else None
+            nxt = self._next_leader()
         if nxt is not None:
             nxt.wake.release()
+
+    def _next_leader(self) -> _Call | None:
+        """Under ``_calls_lock``: the first call queued leads next (the
+        caller wakes it), or none does."""
+        self._leader = self._calls[0] if self._calls else None
+        return self._leader
 
     def _close_quietly(self, txn: _PGTxn) -> None:
         try:
