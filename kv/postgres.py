@@ -2049,10 +2049,12 @@ class _Lingering:
         self.items: list[tuple[float, Any, bool]] = []
         self.lock = threading.Lock()
         self.reaper: threading.Thread | None = None
+        self.added = False  # since the reaper's last check
 
     def add(self, conn: Any, dirty: bool) -> None:
         with self.lock:
             self.items.append((time.monotonic(), conn, dirty))
+            self.added = True
             if self.reaper is None:
                 self.reaper = threading.Thread(
                     target=self._reap, name="kvsaver-pg-reaper", daemon=True
@@ -2088,15 +2090,20 @@ class _Lingering:
             _give_back(self.pool, conn, lost)
 
     def _reap(self) -> None:
+        # Ends when nothing lingers and nothing was added since the last
+        # check: a store in steady use has its connection out during each
+        # transaction, so a reaper that ended whenever nothing lingered was
+        # started again at the next transaction, four times a second.
         while True:
             time.sleep(_LINGER / 2)
             old = self.drain(time.monotonic() - _LINGER)
             if old:
                 self.release(old)
             with self.lock:
-                if not self.items:
+                if not self.items and not self.added:
                     self.reaper = None
                     return
+                self.added = False
 
 
 def _give_back(pool: Any, conn: Any, lost: bool) -> None:

@@ -433,6 +433,36 @@ def test_reads_of_several_round_trips_survive_a_deallocate_all(
         store.close()
 
 
+def test_the_reaper_lives_while_connections_come_and_go() -> None:
+    """A store in steady use has its one connection out during each
+    transaction, and back (lingering) only between two: the reaper ends
+    only once nothing lingers and nothing came back since its last look.
+    Before, it ended at any look that found nothing lingering, and the next
+    transaction started a thread again (four times a second)."""
+    from kvsaver.kv import postgres as P
+
+    class Pool:
+        closed = False
+
+        def putconn(self, conn: object) -> None:
+            pass
+
+    lingering = P._Lingering(Pool())
+    conn = object()
+    lingering.add(conn, False)
+    reaper = lingering.reaper
+    assert reaper is not None
+    end = time.monotonic() + 4 * P._LINGER
+    while time.monotonic() < end:  # out during each "transaction", back after
+        assert lingering.take() == (conn, False)
+        time.sleep(0.01)
+        lingering.add(conn, False)
+        assert lingering.reaper is reaper
+    assert lingering.take() == (conn, False)  # nothing lingers from here on
+    reaper.join(timeout=10 * P._LINGER)
+    assert not reaper.is_alive() and lingering.reaper is None
+
+
 def test_a_statement_rendered_by_two_threads_at_once() -> None:
     """_Stmt.render reads each attribute once: another thread may render
     the same statement between its test and its use (the first use of a
