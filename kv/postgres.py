@@ -218,8 +218,15 @@ class _Queries:
         digest = hashlib.sha1(table.encode()).hexdigest()[:16]
         self._digest = f"{digest}_{FORMAT_VERSION}"
         self.get = self._stmt("get", "SELECT value FROM {} WHERE key = %b", (_BYTEA,))
+        # One index lookup per key (a key not there: NULL), as the guard
+        # below does: PostgreSQL's generic plan of ``key = ANY($1)`` (a
+        # prepared statement's, from its sixth run) assumes 10 keys and
+        # scans the whole table up to a few thousand rows, every time.
         self.get_many = self._stmt(
-            "many", "SELECT key, value FROM {} WHERE key = ANY(%b::bytea[])", (_BYTEA_ARRAY,)
+            "many2",
+            "SELECT a.k, (SELECT t.value FROM {} AS t WHERE t.key = a.k) "
+            "FROM unnest(%b::bytea[]) AS a(k)",
+            (_BYTEA_ARRAY,),
         )
         self.upsert = self._stmt(
             "put",
@@ -248,18 +255,25 @@ class _Queries:
         # around it: fewer statements, fewer packets and wake-ups): its id,
         # the guard, then the upserts and deletes, which run only when the
         # guard passed (one snapshot: the guard sees the table before them).
-        write_all = (
+        upsert = (
             "WITH g AS MATERIALIZED (SELECT txid_current() AS xid, " + check + " AS ok), "
             "u AS (INSERT INTO {} (key, value) SELECT * FROM unnest(%b::bytea[], %b::bytea[]) "
-            "WHERE (SELECT ok FROM g) = 1 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value), "
-            "d AS (DELETE FROM {} WHERE key = ANY(%b::bytea[]) AND (SELECT ok FROM g) = 1) "
-            "SELECT xid FROM g"
+            "WHERE (SELECT ok FROM g) = 1 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value)"
         )
-        # A named prepared statement of ours (see _PGTxn._exec_prepared); its
-        # name is the table's, so stores of one table on one pool share it.
+        # Named prepared statements of ours (see _PGTxn._exec_prepared); their
+        # names are the table's, so stores of one table on one pool share them.
+        types = (_BYTEA_ARRAY,) * 2 + (_BOOL_ARRAY,) + (_BYTEA_ARRAY,) * 2
         self.write_all = self._stmt(
-            "w", write_all, (_BYTEA_ARRAY,) * 2 + (_BOOL_ARRAY,) + (_BYTEA_ARRAY,) * 3
+            "w",
+            upsert + ", d AS (DELETE FROM {} WHERE key = ANY(%b::bytea[]) "
+            "AND (SELECT ok FROM g) = 1) SELECT xid FROM g",
+            (*types, _BYTEA_ARRAY),
         )
+        # Without deletes (a put, a put_writes): no DELETE at all, not one of
+        # no key. The generic plan of ``key = ANY($6)`` is a scan of the whole
+        # table up to a few thousand rows (see get_many): it was 150 us of
+        # the server's time at every put (issue #14).
+        self.write_kept = self._stmt("wk", upsert + " SELECT xid FROM g", types)
         self.create = sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (key bytea PRIMARY KEY, value bytea NOT NULL)"
         ).format(t)
@@ -291,6 +305,7 @@ class _Queries:
             "delete_many",
             "guard",
             "write_all",
+            "write_kept",
         ):
             q = getattr(self, name)
             if isinstance(q, _Stmt):
@@ -991,9 +1006,11 @@ class _PGTxn:
                 pv.append(value)
         params = (
             *(_bytea_array(list(assumed)), _bytea_array(av), _bool_array(ah)),
-            *(_bytea_array(pk), _bytea_array(pv), _bytea_array(dels)),
+            *(_bytea_array(pk), _bytea_array(pv)),
         )
-        return self._q.write_all, params
+        if not dels:
+            return self._q.write_kept, params
+        return self._q.write_all, (*params, _bytea_array(dels))
 
     def _commit(
         self,
@@ -1015,14 +1032,13 @@ class _PGTxn:
         self._store._round_trips += 1
         try:
             if self._store.prepare:
-                q = self._q.write_all
+                q = pre[0][0] if len(pre) == 1 else None
                 if (
                     implicit
-                    and len(pre) == 1
-                    and pre[0][0] is q
+                    and (q is self._q.write_kept or q is self._q.write_all)
                     and q.name in _prepared_names(self._conn)
                 ):
-                    self._xid.rows = self._exec_prepared(pre[0][1])
+                    self._xid.rows = self._exec_prepared(q, pre[0][1])
                 else:
                     self._xid.rows = self._exchange_commit(pre, xid_after, xid_in, implicit)
                 return
@@ -1072,7 +1088,7 @@ class _PGTxn:
         finally:
             self._dirty.clear()
 
-    def _exec_prepared(self, params: Sequence[Any]) -> list[tuple[int]]:
+    def _exec_prepared(self, stmt: _Stmt, params: Sequence[Any]) -> list[tuple[int]]:
         """The write-only statement, prepared on this connection already (see
         _commit), as a server-side prepared statement of our own, parsed and
         planned once per connection as PostgresSaver's statements are
@@ -1082,7 +1098,6 @@ class _PGTxn:
         DEALLOCATE ALL) failed before running, so nothing is applied twice:
         it is prepared again and sent once more. The rows: the transaction's
         id."""
-        stmt = self._q.write_all
         conn = self._conn
         pgconn = conn.pgconn
         with conn.lock:
