@@ -130,6 +130,7 @@ MAX_KEY = 2000  # a btree index entry must fit a third of an 8 KiB page
 _FIRST_CHUNK = 64
 _MAX_CHUNK = 1024
 _HASH_OVER = 64  # a guard compares a longer assumed value by its SHA-256
+_DELETE_EACH = 8  # up to this many keys deleted: a statement each (see _Queries)
 _CACHE_BYTES = 8 << 20  # the cache of committed values that transact speculates from
 _CACHE_ENTRY = 256 << 10  # a longer value is not cached (a read of it is not speculated)
 _SPECULATE_BELOW = 0.25  # speculate while fewer guesses than this fail (moving average)
@@ -237,6 +238,12 @@ class _Queries:
         self.delete_many = self._stmt(
             "del", "DELETE FROM {} WHERE key = ANY(%b::bytea[])", (_BYTEA_ARRAY,)
         )
+        # A few keys are deleted one statement each (all in the transaction's
+        # one pipeline): the generic plan of ``key = ANY($1)`` scans a table
+        # of up to a few thousand rows (see get_many); a put deletes one key
+        # (its thread's previous activity entry) when a second or more went
+        # by since the thread's last put.
+        self.delete_one = self._stmt("del1", "DELETE FROM {} WHERE key = %b", (_BYTEA,))
         # Fails (division by zero, which no other statement of ours can raise)
         # unless every key holds the value assumed for it (NULL: absent; a
         # long value is compared by its SHA-256). Not constant-folded: the
@@ -303,6 +310,7 @@ class _Queries:
             "get_many",
             "upsert",
             "delete_many",
+            "delete_one",
             "guard",
             "write_all",
             "write_kept",
@@ -922,9 +930,13 @@ class _PGTxn:
         if puts:
             params = (_bytea_array([k for k, _ in puts]), _bytea_array([v for _, v in puts]))
             out.append((self._q.upsert, params))
-        if dels:
-            out.append((self._q.delete_many, (_bytea_array(dels),)))
-        return out
+        return out + self._delete_statements(dels)
+
+    def _delete_statements(self, dels: list[bytes]) -> list[tuple[Any, Any]]:
+        if len(dels) > _DELETE_EACH:
+            return [(self._q.delete_many, (_bytea_array(dels),))]
+        one = self._q.delete_one
+        return [(one, (k,)) for k in dels]
 
     def _unsent_writes(self) -> list[tuple[Any, Any]]:
         queued = [(q, p) for q, p, pending in self._queue if pending is None]
@@ -942,10 +954,10 @@ class _PGTxn:
             raise self.failed
         if commit and not self._begun and not self._queue and not self.lost:
             # Only writes (and guesses), no read: BEGIN, one statement doing
-            # them all, and COMMIT, in one go.
-            one = self._write_all()
-            if one is not None:
-                self._commit_first([one], xid_in=True)
+            # them all (and one per deleted key, of a few), and COMMIT, in one go.
+            writes = self._write_all()
+            if writes:
+                self._commit_first(writes, xid_in=True)
             elif self._pre_rollback:
                 self._rollback_quietly()
             return
@@ -980,11 +992,12 @@ class _PGTxn:
             return
         self._commit([*first, (self._begin, None), *writes], xid_after=len(first), xid_in=xid_in)
 
-    def _write_all(self) -> tuple[Any, Any] | None:
-        """The one statement of a write-only transaction (None: nothing to do)."""
+    def _write_all(self) -> list[tuple[Any, Any]]:
+        """The statements of a write-only transaction (none: nothing to do):
+        one, and a statement for each of a few deleted keys."""
         assumed, dirty = self._assumed, self._dirty
         if not assumed and not dirty:
-            return None
+            return []
         self._assumed = {}
         av: list[bytes | None] = []
         ah: list[bool] = []
@@ -1008,9 +1021,9 @@ class _PGTxn:
             *(_bytea_array(list(assumed)), _bytea_array(av), _bool_array(ah)),
             *(_bytea_array(pk), _bytea_array(pv)),
         )
-        if not dels:
-            return self._q.write_kept, params
-        return self._q.write_all, (*params, _bytea_array(dels))
+        if len(dels) > _DELETE_EACH:
+            return [(self._q.write_all, (*params, _bytea_array(dels)))]
+        return [(self._q.write_kept, params), *self._delete_statements(dels)]
 
     def _commit(
         self,

@@ -415,8 +415,9 @@ def test_no_statement_of_a_put_or_a_read_scans_the_whole_table(
     looks keys up in the index. Before, get_many and the write statement
     (its DELETE of no key) scanned the table at every call (~150 us of the
     server's time per put at 450 rows, more until the table grew past a
-    few thousand). Only a transaction that deletes
-    keys uses ``key = ANY``: ``delete_many`` and ``write_all``, left so."""
+    few thousand). A few deleted keys are a statement each; only a
+    transaction that deletes more uses ``key = ANY`` (``delete_many``,
+    ``write_all``), left so."""
     store = PostgresStore(postgres_url, table=table)
     saver = KVSaver(store)
     try:
@@ -433,6 +434,7 @@ def test_no_statement_of_a_put_or_a_read_scans_the_whole_table(
             "get_many": q.get_many,
             "guard": q.guard,
             "write_kept": q.write_kept,
+            "delete_one": q.delete_one,
             "upsert": q.upsert,
             "scan": q.scan(True, True, False),
             "scan reverse": q.scan(True, True, True),
@@ -460,6 +462,69 @@ def test_no_statement_of_a_put_or_a_read_scans_the_whole_table(
             conn.execute("ROLLBACK")
     finally:
         saver.close()
+
+
+@pytest.mark.parametrize("deleted", [1, 3, 9])
+@pytest.mark.parametrize("own_pool", [True, False], ids=["own pool", "pool passed in"])
+def test_a_write_that_deletes_a_few_keys_is_still_one_round_trip(
+    postgres_url: str, table: str, deleted: int, own_pool: bool
+) -> None:
+    """A write-only transaction that deletes keys (a put a second or more
+    after its thread's last: the previous activity entry goes) is one round
+    trip: its statement, then a DELETE of one key each, in one pipeline and
+    one transaction; more than a few keys, deleted by its statement. A guess
+    found wrong fails the statement before the DELETEs run. On the store's
+    own pool (SERIALIZABLE sessions) there is no BEGIN and COMMIT: the
+    pipeline's statements are one implicit transaction."""
+    traced = TracedPool(postgres_url)
+    if own_pool:
+        opts = {"configure": traced.configure}
+        store = PostgresStore(postgres_url, table=table, max_size=1, pool_options=opts)
+    else:
+        store = PostgresStore(traced.pool, table=table)
+    try:
+        keys = [b"k%02d" % i for i in range(12)]
+
+        def fill(txn: Any) -> None:
+            for k in keys:
+                txn.put(k, b"v")
+
+        store.transact(fill)
+
+        def change(txn: Any) -> None:
+            assert txn.get(b"k00") == b"v"  # a guess (this store wrote it), guarded
+            txn.put(b"new", b"n")
+            for k in keys[1 : 1 + deleted]:
+                txn.delete(k)
+
+        trips, statements = traced.count(lambda: store.transact(change))
+        assert trips == 1
+        # (BEGIN,) the write, a DELETE each of a few (more: in the write), (COMMIT)
+        assert statements == (1 if own_pool else 3) + (deleted if deleted <= 8 else 0)
+        with store.read() as txn:
+            assert dict(txn.scan()) == {
+                **{k: b"v" for k in keys if k not in keys[1 : 1 + deleted]},
+                b"new": b"n",
+            }
+        # Another writer changed a guessed key: the guard fails the statement,
+        # nothing of the transaction is applied, it is rerun reading for real.
+        _admin(
+            postgres_url,
+            sql.SQL("UPDATE {} SET value = 'w' WHERE key = 'k00'").format(sql.Identifier(table)),
+        )
+        seen = []
+
+        def again(txn: Any) -> None:
+            seen.append(txn.get(b"k00"))
+            txn.delete(b"k11")
+
+        store.transact(again)
+        assert seen == [b"v", b"w"]
+        with store.read() as txn:
+            assert txn.get(b"k11") is None and txn.get(b"k00") == b"w"
+    finally:
+        store.close()
+        traced.close()
 
 
 def test_reads_of_several_round_trips_survive_a_deallocate_all(
