@@ -27,10 +27,12 @@ Transactions
 
 Round trips (what a network costs; counted by tests/test_postgres.py)
     Writes are buffered in the transaction and sent as one statement
-    (``INSERT ... SELECT unnest(...) ON CONFLICT DO UPDATE``, plus one
-    ``DELETE ... = ANY(...)``), pipelined with ``COMMIT`` or with the next read
-    that must go to the server. A write-only transaction (a speculated put or
-    put_writes) is one statement, a server-side prepared statement of ours
+    (``INSERT ... SELECT unnest(...) ON CONFLICT DO UPDATE``, plus a
+    ``DELETE`` of each deleted key, or one ``DELETE ... = ANY(...)`` of more
+    than ``_DELETE_EACH``), pipelined with ``COMMIT`` or with the next read
+    that must go to the server. A write-only transaction that deletes
+    nothing (a speculated put or put_writes) is one statement, a
+    server-side prepared statement of ours
     (``_exec_prepared``: parsed and planned once per connection, not through
     psycopg's cache; ``prepare=False`` parses it every time). The statements
     of a round trip before the commit (reads, scans, a guard, buffered
@@ -239,7 +241,8 @@ class _Queries:
             "del", "DELETE FROM {} WHERE key = ANY(%b::bytea[])", (_BYTEA_ARRAY,)
         )
         # A few keys are deleted one statement each (all in the transaction's
-        # one pipeline): the generic plan of ``key = ANY($1)`` scans a table
+        # one pipeline, after its write statement): the generic plan of
+        # ``key = ANY($1)`` scans a table
         # of up to a few thousand rows (see get_many); a put deletes one key
         # (its thread's previous activity entry) when a second or more went
         # by since the thread's last put.
@@ -258,29 +261,22 @@ class _Queries:
         self.guard = self._stmt(
             "guard", "SELECT " + check, (_BYTEA_ARRAY, _BYTEA_ARRAY, _BOOL_ARRAY)
         )
-        # A write-only transaction's one statement (with BEGIN and COMMIT
-        # around it: fewer statements, fewer packets and wake-ups): its id,
-        # the guard, then the upserts and deletes, which run only when the
-        # guard passed (one snapshot: the guard sees the table before them).
-        upsert = (
+        # A write-only transaction's statement (fewer statements, fewer
+        # packets and wake-ups): its id, the guard, then the upserts, which
+        # run only when the guard passed. Its deletes follow it in the same
+        # pipeline and transaction (_delete_statements), not in it: a DELETE
+        # of no key in it cost ~150 us of the server's time at every put
+        # (issue #14; the generic plan of ``key = ANY``, see get_many). A
+        # named prepared statement of ours (see _PGTxn._exec_prepared); its
+        # name is the table's, so stores of one table on one pool share it.
+        self.write_all = self._stmt(
+            "wk",
             "WITH g AS MATERIALIZED (SELECT txid_current() AS xid, " + check + " AS ok), "
             "u AS (INSERT INTO {} (key, value) SELECT * FROM unnest(%b::bytea[], %b::bytea[]) "
-            "WHERE (SELECT ok FROM g) = 1 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value)"
+            "WHERE (SELECT ok FROM g) = 1 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value) "
+            "SELECT xid FROM g",
+            (_BYTEA_ARRAY,) * 2 + (_BOOL_ARRAY,) + (_BYTEA_ARRAY,) * 2,
         )
-        # Named prepared statements of ours (see _PGTxn._exec_prepared); their
-        # names are the table's, so stores of one table on one pool share them.
-        types = (_BYTEA_ARRAY,) * 2 + (_BOOL_ARRAY,) + (_BYTEA_ARRAY,) * 2
-        self.write_all = self._stmt(
-            "w",
-            upsert + ", d AS (DELETE FROM {} WHERE key = ANY(%b::bytea[]) "
-            "AND (SELECT ok FROM g) = 1) SELECT xid FROM g",
-            (*types, _BYTEA_ARRAY),
-        )
-        # Without deletes (a put, a put_writes): no DELETE at all, not one of
-        # no key. The generic plan of ``key = ANY($6)`` is a scan of the whole
-        # table up to a few thousand rows (see get_many): it was 150 us of
-        # the server's time at every put (issue #14).
-        self.write_kept = self._stmt("wk", upsert + " SELECT xid FROM g", types)
         self.create = sql.SQL(
             "CREATE TABLE IF NOT EXISTS {} (key bytea PRIMARY KEY, value bytea NOT NULL)"
         ).format(t)
@@ -313,7 +309,6 @@ class _Queries:
             "delete_one",
             "guard",
             "write_all",
-            "write_kept",
         ):
             q = getattr(self, name)
             if isinstance(q, _Stmt):
@@ -994,7 +989,7 @@ class _PGTxn:
 
     def _write_all(self) -> list[tuple[Any, Any]]:
         """The statements of a write-only transaction (none: nothing to do):
-        one, and a statement for each of a few deleted keys."""
+        its one statement, then its deletes."""
         assumed, dirty = self._assumed, self._dirty
         if not assumed and not dirty:
             return []
@@ -1021,9 +1016,7 @@ class _PGTxn:
             *(_bytea_array(list(assumed)), _bytea_array(av), _bool_array(ah)),
             *(_bytea_array(pk), _bytea_array(pv)),
         )
-        if len(dels) > _DELETE_EACH:
-            return [(self._q.write_all, (*params, _bytea_array(dels)))]
-        return [(self._q.write_kept, params), *self._delete_statements(dels)]
+        return [(self._q.write_all, params), *self._delete_statements(dels)]
 
     def _commit(
         self,
@@ -1037,21 +1030,23 @@ class _PGTxn:
         A connection lost on the way: the transaction's id, fetched with its
         first statement, is looked up on a new connection (txid_status), so
         the outcome is known unless the server cannot be reached.
-        ``implicit``: ``pre`` is one statement that is a whole transaction by
-        itself (autocommit, a SERIALIZABLE session), after ``ROLLBACK`` of a
-        lingering read if any: no BEGIN, no COMMIT."""
+        ``implicit``: ``pre`` is a whole transaction by itself on a
+        SERIALIZABLE session (its statements up to the pipeline's Sync are
+        one implicit transaction), after ``ROLLBACK`` of a lingering read if
+        any: no BEGIN, no COMMIT."""
         with_xid = xid_after is not None
         self._store._statements += (not implicit) + len(pre) + (with_xid and not xid_in)
         self._store._round_trips += 1
         try:
             if self._store.prepare:
-                q = pre[0][0] if len(pre) == 1 else None
+                q = self._q.write_all
                 if (
                     implicit
-                    and (q is self._q.write_kept or q is self._q.write_all)
+                    and len(pre) == 1
+                    and pre[0][0] is q
                     and q.name in _prepared_names(self._conn)
                 ):
-                    self._xid.rows = self._exec_prepared(q, pre[0][1])
+                    self._xid.rows = self._exec_prepared(pre[0][1])
                 else:
                     self._xid.rows = self._exchange_commit(pre, xid_after, xid_in, implicit)
                 return
@@ -1101,7 +1096,7 @@ class _PGTxn:
         finally:
             self._dirty.clear()
 
-    def _exec_prepared(self, stmt: _Stmt, params: Sequence[Any]) -> list[tuple[int]]:
+    def _exec_prepared(self, params: Sequence[Any]) -> list[tuple[int]]:
         """The write-only statement, prepared on this connection already (see
         _commit), as a server-side prepared statement of our own, parsed and
         planned once per connection as PostgresSaver's statements are
@@ -1111,6 +1106,7 @@ class _PGTxn:
         DEALLOCATE ALL) failed before running, so nothing is applied twice:
         it is prepared again and sent once more. The rows: the transaction's
         id."""
+        stmt = self._q.write_all
         conn = self._conn
         pgconn = conn.pgconn
         with conn.lock:
@@ -1400,7 +1396,7 @@ class PostgresStore:
             of committed values and verifies them in the round trip that
             commits (a put in one round trip; see ``transact``). False: every
             read goes to the server.
-        prepare: a write-only transaction's one statement is a server-side
+        prepare: a write-only transaction's statement is a server-side
             prepared statement (planned once per connection). False where
             sessions are shared between clients (PgBouncer in transaction
             mode), where a prepared statement would not be found again.
@@ -1455,7 +1451,8 @@ class PostgresStore:
         self._pid = os.getpid()
         self.pool_timeout = pool_timeout
         # Connections whose sessions are SERIALIZABLE by default (our own
-        # pool's, checked once each): a write-only transaction is one statement.
+        # pool's, checked once each): a write-only transaction has no BEGIN
+        # and COMMIT (its statements are one implicit transaction).
         self._serializable: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
         if isinstance(conninfo_or_pool, ConnectionPool):
             self._owns_pool = False
@@ -1467,7 +1464,7 @@ class PostgresStore:
             self.conninfo = conninfo_or_pool
             ms = int(statement_timeout * 1000)
             # SERIALIZABLE by default in our own sessions: a write-only
-            # transaction is then one statement, no BEGIN and COMMIT around it.
+            # transaction then needs no BEGIN and COMMIT around it.
             kwargs = {
                 "autocommit": True,
                 "connect_timeout": max(2, int(connect_timeout)),

@@ -416,8 +416,8 @@ def test_no_statement_of_a_put_or_a_read_scans_the_whole_table(
     (its DELETE of no key) scanned the table at every call (~150 us of the
     server's time per put at 450 rows, more until the table grew past a
     few thousand). A few deleted keys are a statement each; only a
-    transaction that deletes more uses ``key = ANY`` (``delete_many``,
-    ``write_all``), left so."""
+    transaction that deletes more uses ``key = ANY`` (``delete_many``),
+    left so."""
     store = PostgresStore(postgres_url, table=table)
     saver = KVSaver(store)
     try:
@@ -433,7 +433,7 @@ def test_no_statement_of_a_put_or_a_read_scans_the_whole_table(
             "get": q.get,
             "get_many": q.get_many,
             "guard": q.guard,
-            "write_kept": q.write_kept,
+            "write_all": q.write_all,
             "delete_one": q.delete_one,
             "upsert": q.upsert,
             "scan": q.scan(True, True, False),
@@ -472,7 +472,7 @@ def test_a_write_that_deletes_a_few_keys_is_still_one_round_trip(
     """A write-only transaction that deletes keys (a put a second or more
     after its thread's last: the previous activity entry goes) is one round
     trip: its statement, then a DELETE of one key each, in one pipeline and
-    one transaction; more than a few keys, deleted by its statement. A guess
+    one transaction; more than a few keys, one DELETE of them all. A guess
     found wrong fails the statement before the DELETEs run. On the store's
     own pool (SERIALIZABLE sessions) there is no BEGIN and COMMIT: the
     pipeline's statements are one implicit transaction."""
@@ -499,8 +499,8 @@ def test_a_write_that_deletes_a_few_keys_is_still_one_round_trip(
 
         trips, statements = traced.count(lambda: store.transact(change))
         assert trips == 1
-        # (BEGIN,) the write, a DELETE each of a few (more: in the write), (COMMIT)
-        assert statements == (1 if own_pool else 3) + (deleted if deleted <= 8 else 0)
+        # (BEGIN,) the write, a DELETE each of a few (more: one of all), (COMMIT)
+        assert statements == (1 if own_pool else 3) + (deleted if deleted <= 8 else 1)
         with store.read() as txn:
             assert dict(txn.scan()) == {
                 **{k: b"v" for k in keys if k not in keys[1 : 1 + deleted]},
