@@ -1389,7 +1389,10 @@ class PostgresStore:
         min_size, max_size: the pool's size (when a conninfo is given).
         connect_timeout: seconds to wait for a new connection.
         statement_timeout: seconds a statement may run (0: no limit).
-        pool_timeout: seconds to wait for a free pooled connection.
+        pool_timeout: seconds to wait for a free pooled connection. Until the
+            store's first connection, a server the pool fails to reach is
+            not waited for: the first use raises StoreUnavailableError with
+            the server's reason (refused, no such database, authentication).
         retries: how many times ``transact`` reruns a function after a conflict
             or a lost connection before raising.
         speculate: ``transact`` answers a function's first reads from a cache
@@ -1435,6 +1438,7 @@ class PostgresStore:
         self._begin_read = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
         self._closed = False
         self._ready = False
+        self._connected = False  # a pooled connection was set up once (_wait_for_connection)
         self._setup_lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._writer: int | None = None
@@ -1542,15 +1546,27 @@ class PostgresStore:
         from psycopg_pool import PoolTimeout
 
         deadline = time.monotonic() + self.pool_timeout
+        asked = False  # the server, directly, why the pool cannot connect
         while True:
             left = deadline - time.monotonic()
+            # In slices also until this store's first connection: a server it
+            # cannot reach (a wrong address, port, database or password; no
+            # server running) is told within a slice, not after pool_timeout.
+            sliced = lingering or not self._connected
             try:
-                conn = self._pool.getconn(timeout=min(left, _POOL_SLICE) if lingering else left)
+                conn = self._pool.getconn(timeout=min(left, _POOL_SLICE) if sliced else left)
                 return self._set_up_conn(conn), False
             except PoolTimeout as e:
                 got = self._lingering.take() if lingering else None
                 if got is not None:
                     return got
+                if not self._connected and not asked and self._pool_failed():
+                    asked = True
+                    why = self._connect_error()
+                    if why is not None:
+                        raise StoreUnavailableError(
+                            f"cannot connect to PostgreSQL: {why}".rstrip()
+                        ) from why
                 if time.monotonic() >= deadline:
                     raise StoreUnavailableError(
                         f"no connection to PostgreSQL within {self.pool_timeout:g} s ({e})"
@@ -1560,8 +1576,26 @@ class PostgresStore:
             except Exception as e:
                 raise _translate(e, "connect") from e
 
+    def _pool_failed(self) -> bool:
+        """Whether the pool has failed to open a connection."""
+        try:
+            return bool(self._pool.get_stats().get("connections_errors", 0))
+        except Exception:
+            return False
+
+    def _connect_error(self) -> Exception | None:
+        """The error of a connection attempt of our own, with the pool's
+        settings (the pool logs its errors but keeps none to raise); None
+        when it connects."""
+        try:
+            _psycopg().connect(self._pool.conninfo, **(self._pool.kwargs or {})).close()
+        except Exception as e:
+            return e
+        return None
+
     def _set_up_conn(self, conn: Any) -> Any:
         """A connection just taken from the pool, set up for our statements."""
+        self._connected = True
         if not conn.autocommit:
             conn.autocommit = True  # transactions are explicit BEGIN ... COMMIT
         # No prepared statements of psycopg's: its cache can name a statement
