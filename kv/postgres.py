@@ -1564,8 +1564,9 @@ class PostgresStore:
                     asked = True
                     why = self._connect_error()
                     if why is not None:
+                        reason = " ".join(str(why).split())  # libpq's hint is a second line
                         raise StoreUnavailableError(
-                            f"cannot connect to PostgreSQL: {why}".rstrip()
+                            f"cannot connect to PostgreSQL: {reason}"
                         ) from why
                 if time.monotonic() >= deadline:
                     raise StoreUnavailableError(

@@ -616,6 +616,20 @@ def test_python_dash_m_kvsaver(stores: dict[str, str], tmp_path: Any) -> None:
     )
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.splitlines() == [f"error: no thread 'ghost' in {stores['lmdb']}"]
+    # Nothing listens there: one line, the server's refusal, not psycopg_pool's
+    # warnings (a line per attempt, 30 s of them before).
+    down = subprocess.run(
+        [sys.executable, "-m", "kvsaver", "threads", "postgresql://me:secret@127.0.0.1:9/app"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert down.returncode == 2 and down.stdout == ""
+    (line,) = down.stderr.splitlines()
+    assert line.startswith("error: ") and "cannot connect to PostgreSQL" in line, line
+    assert "refused" in line
+    assert "secret" not in line
 
 
 def test_console_script_is_installed(stores: dict[str, str], tmp_path: Any) -> None:
