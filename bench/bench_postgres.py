@@ -14,6 +14,9 @@ and highest ("rounds"), so a figure is seen with its spread:
                    COMMIT in one round trip on a plain connection (one WAL flush:
                    what a durable put waits for at least), each saver's put also
                    given as "x floor"
+  put:51-100       the same, on threads of 50 checkpoints put before (untimed):
+                   checkpoints 51 to 100 (not a target of the issue: how a
+                   put's cost moves as a conversation grows)
   get_tuple        latest checkpoint of a 100-checkpoint thread with 3 pending
                    writes, 50 calls per round
   list:limit10     list(thread, limit=10) read through, 20 calls per round
@@ -88,6 +91,7 @@ UNPREPARED = "KVSaver(prepare=False)"
 # (one WAL flush), on a plain psycopg connection: what any saver's put waits
 # for at least, timed in the same rounds as the savers' puts.
 FLOOR = "floor:commit"
+LATER = "put:51-100"  # not a target row: the put row's thread, further on
 FLOOR_BYTES = 2_900  # about the WAL bytes of a KVSaver put (pg_stat_wal, wt-pg4)
 
 
@@ -181,10 +185,20 @@ def _paired(
     return per, cpu
 
 
-def _puts(name: str, saver: Any, r: int) -> list[Callable[[], Any]]:
-    gen = ThreadGen(saver, f"put-{name}-{r}")
+def _puts(name: str, saver: Any, r: int, done: int = 0) -> list[Callable[[], Any]]:
+    """PUTS puts on a fresh thread, after ``done`` put here (untimed)."""
+    gen = ThreadGen(saver, f"put-{name}-{r}-{done}")
+    for _ in range(done):
+        a = gen.next()
+        saver.put(a.config, a.checkpoint, a.metadata, a.new_versions)
     ops = [gen.next() for _ in range(PUTS)]
     return [lambda a=a: saver.put(a.config, a.checkpoint, a.metadata, a.new_versions) for a in ops]
+
+
+def _later_puts(name: str, saver: Any, r: int) -> list[Callable[[], Any]]:
+    """Checkpoints PUTS+1 to 2*PUTS of a thread: PostgresSaver stores a channel's
+    whole value at each version (the message list grows), KVSaver a delta."""
+    return _puts(name, saver, r, done=PUTS)
 
 
 class CommitFloor:
@@ -311,6 +325,7 @@ def test_kvsaver_vs_postgressaver(benchmark: Any, server_url: str) -> None:
                 }
             finally:
                 floor.close()
+            results[LATER] = _paired(savers, _later_puts)
             configs = {n: _history(s, f"read-{n}") for n, s in savers.items()}
             results["get_tuple"] = _paired(
                 savers, lambda n, s, r: [lambda: s.get_tuple(configs[n])] * READS

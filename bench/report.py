@@ -1005,6 +1005,7 @@ def postgres_section(results: str = RESULTS) -> list[str]:
     for op, m in ops.items():
         rounds = m["ratio rounds"]
         goal = 1.0
+        target = op != "put:51-100"  # bench_postgres.LATER: shown, not a target
         rows.append(
             [
                 op,
@@ -1012,8 +1013,8 @@ def postgres_section(results: str = RESULTS) -> list[str]:
                 f"{m['PostgresSaver']:,.0f} µs",
                 fmt_ratio(m["ratio"]),
                 f"{min(rounds):.2f}-{max(rounds):.2f}",
-                f"<= {goal:.1f}x",
-                "met" if m["ratio"] <= goal else "**not met**",
+                f"<= {goal:.1f}x" if target else "",
+                ("met" if m["ratio"] <= goal else "**not met**") if target else "not a target",
                 f"{m['cpu KVSaver']:,.0f} vs {m['cpu PostgresSaver']:,.0f} µs",
             ]
         )
