@@ -140,9 +140,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     )
     print(f"live bytes now {after.live_bytes:,}; on disk {after.disk_bytes:,}")
     if after.disk_bytes > 2 * after.live_bytes and os.path.isdir(args.dir):
-        print(
-            f"the file keeps its size until compacted: python -m tools.storage compact {args.dir}"
-        )
+        print(f"the file keeps its size until compacted: kvsaver compact {args.dir}")
     return 0
 
 
@@ -159,7 +157,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
         print(f"{what} {store.table}: {before:,} -> {after:,} bytes")
         if not args.full:
             print("freed space is reused by new rows; to return it to the OS (locks the table "
-                  f"while it runs): python -m tools.storage compact --full {args.dir}")  # fmt: skip
+                  f"while it runs): kvsaver compact --full {args.dir}")  # fmt: skip
         return 0
     if os.path.isfile(args.dir):
         if args.json:
