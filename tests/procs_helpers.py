@@ -549,14 +549,15 @@ def crash_loop_writer(
     thread: str,
     ack_dir: str,
     status_path: str,
-    durability: str = "full",
+    durability: str | None = None,
     go: Any = None,
     window: int | None = None,
 ) -> None:
     """Wait for ``go`` (the test starts the next writer while the previous one
     still runs, to hide interpreter start-up), then open the store after the
     previous writer was killed, check it, and put/put_writes in a tight loop
-    until killed. Acks are fsynced."""
+    until killed. Acks are fsynced. ``store_dir``: also a postgresql:// URL
+    (``durability`` None: the store's default)."""
     try:
         if go is not None and not go.wait(300):
             raise TimeoutError("no go signal")

@@ -84,11 +84,14 @@ def _kill(inc: Incarnation) -> None:
     assert inc.proc.exitcode == -9, f"the writer died on its own first: {inc.proc.exitcode}"
 
 
-def run_loop_kills(tmp_path: Path, kills: int, max_delay: float = 0.3) -> dict[str, int]:
-    """Two tight-loop writers on one store; each round SIGKILLs one of them at a
+def run_loop_kills(
+    tmp_path: Path, kills: int, max_delay: float = 0.3, store: str | None = None
+) -> dict[str, int]:
+    """Two tight-loop writers on one store (an LMDB directory in ``tmp_path``,
+    or ``store``: a postgresql:// URL); each round SIGKILLs one of them at a
     random moment and a new process takes over its thread after checking the
     store. Returns counts for the report."""
-    store, ack_dir = str(tmp_path / "store"), tmp_path / "acks"
+    store, ack_dir = store or str(tmp_path / "store"), tmp_path / "acks"
     ack_dir.mkdir()
     rng = random.Random()
     slots = ["A", "B"]
@@ -149,10 +152,13 @@ def run_loop_kills(tmp_path: Path, kills: int, max_delay: float = 0.3) -> dict[s
     }
 
 
-def run_graph_kills(tmp_path: Path, kills: int, max_delay: float = 0.4) -> dict[str, int]:
+def run_graph_kills(
+    tmp_path: Path, kills: int, max_delay: float = 0.4, store: str | None = None
+) -> dict[str, int]:
     """A real StateGraph invoked in a loop, SIGKILLed at random moments; each
-    new process checks the thread and resumes an interrupted run."""
-    store, ack = str(tmp_path / "store"), str(tmp_path / "graph.ack")
+    new process checks the thread and resumes an interrupted run (``store``:
+    as run_loop_kills)."""
+    store, ack = store or str(tmp_path / "store"), str(tmp_path / "graph.ack")
     rng = random.Random()
     procs: list[Any] = []
     launch = Launcher(tmp_path, "crash_graph_writer", procs)
@@ -211,6 +217,44 @@ def test_kill9_tight_loop_writers(tmp_path: Path) -> None:
 def test_kill9_graph_writer(tmp_path: Path) -> None:
     stats = run_graph_kills(tmp_path, kills=11)
     print(f"\nkill -9 graph: {stats}")
+
+
+@pytest.fixture
+def pg_database(postgres_url: str) -> Iterator[str]:
+    """A database of its own on the suite's PostgreSQL server; its URL."""
+    from pg_helpers import unique_table
+    from psycopg import sql
+
+    name = unique_table("kv_crash")
+    with psycopg_connect(postgres_url) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    base, _, query = postgres_url.partition("?")
+    yield base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
+    with psycopg_connect(postgres_url) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
+def psycopg_connect(url: str) -> Any:
+    """An autocommit connection (CREATE and DROP DATABASE run outside a transaction)."""
+    import psycopg
+
+    return psycopg.connect(url, autocommit=True)
+
+
+def test_kill9_tight_loop_writers_on_postgres(tmp_path: Path, pg_database: str) -> None:
+    """Issue #14: clients SIGKILLed mid-put, mid-put_writes and mid-delete on
+    PostgreSQL: the server ends their sessions and rolls back what they had
+    not committed; nothing acknowledged is lost, no checkpoint is half there,
+    no run half deleted, and the next process writes on at once."""
+    stats = run_loop_kills(tmp_path, kills=8, store=pg_database)
+    print(f"\nkill -9 loop, PostgreSQL: {stats}")
+
+
+def test_kill9_graph_writer_on_postgres(tmp_path: Path, pg_database: str) -> None:
+    stats = run_graph_kills(tmp_path, kills=5, store=pg_database)
+    print(f"\nkill -9 graph, PostgreSQL: {stats}")
 
 
 @pytest.mark.slow
