@@ -1588,8 +1588,12 @@ class PostgresStore:
         """The error of a connection attempt of our own, with the pool's
         settings (the pool logs its errors but keeps none to raise); None
         when it connects."""
+        pool = self._pool
         try:
-            _psycopg().connect(self._pool.conninfo, **(self._pool.kwargs or {})).close()
+            # (psycopg_pool 3.3: the conninfo and kwargs may be functions returning them)
+            conninfo = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
+            kwargs = pool.kwargs() if callable(pool.kwargs) else pool.kwargs
+            pool.connection_class.connect(conninfo, **(kwargs or {})).close()
         except Exception as e:
             return e
         return None
