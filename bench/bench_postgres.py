@@ -91,7 +91,7 @@ UNPREPARED = "KVSaver(prepare=False)"
 # (one WAL flush), on a plain psycopg connection: what any saver's put waits
 # for at least, timed in the same rounds as the savers' puts.
 FLOOR = "floor:commit"
-LATER = "put:51-100"  # not a target row: the put row's thread, further on
+LATER = f"put:{PUTS + 1}-{2 * PUTS}"  # not a target: fresh threads of PUTS puts made untimed first
 FLOOR_BYTES = 2_900  # about the WAL bytes of a KVSaver put (pg_stat_wal, wt-pg4)
 
 

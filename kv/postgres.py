@@ -1439,6 +1439,8 @@ class PostgresStore:
         self._closed = False
         self._ready = False
         self._connected = False  # a pooled connection was set up once (_wait_for_connection)
+        self._asked_at = -1e9  # _unreachable's last attempt of its own, and its reason
+        self._reason: str | None = None
         self._setup_lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._writer: int | None = None
@@ -1499,6 +1501,9 @@ class PostgresStore:
                 f"psycopg_pool.ConnectionPool, got {type(conninfo_or_pool).__name__}"
             )
         self._lingering = _Lingering(self._pool)  # see _close_txn
+        # A pool passed in may have failed before: only its failures from
+        # here on say that this store cannot connect (_unreachable).
+        self._errors_before = 0 if self._owns_pool else self._pool_errors()
         if self._owns_pool:
             self._finalizer = weakref.finalize(self, _close_pool, self._pool, self._pid)
 
@@ -1545,13 +1550,12 @@ class PostgresStore:
     def _wait_for_connection(self, lingering: bool) -> tuple[Any, bool]:
         from psycopg_pool import PoolTimeout
 
-        deadline = time.monotonic() + self.pool_timeout
-        asked = False  # the server, directly, why the pool cannot connect
+        start = time.monotonic()
+        deadline = start + self.pool_timeout
         while True:
             left = deadline - time.monotonic()
-            # In slices also until this store's first connection: a server it
-            # cannot reach (a wrong address, port, database or password; no
-            # server running) is told within a slice, not after pool_timeout.
+            # In slices also until this store's first connection: the reason
+            # why the pool cannot connect is looked at between two (_unreachable).
             sliced = lingering or not self._connected
             try:
                 conn = self._pool.getconn(timeout=min(left, _POOL_SLICE) if sliced else left)
@@ -1560,40 +1564,59 @@ class PostgresStore:
                 got = self._lingering.take() if lingering else None
                 if got is not None:
                     return got
-                if not self._connected and not asked and self._pool_failed():
-                    asked = True
-                    why = self._connect_error()
-                    if why is not None:
-                        reason = " ".join(str(why).split())  # libpq's hint is a second line
-                        raise StoreUnavailableError(
-                            f"cannot connect to PostgreSQL: {reason}"
-                        ) from why
+                reason = None if self._connected else self._unreachable(start, deadline)
                 if time.monotonic() >= deadline:
+                    why = f"; the last attempt: {reason}" if reason else ""
                     raise StoreUnavailableError(
-                        f"no connection to PostgreSQL within {self.pool_timeout:g} s ({e})"
+                        f"no connection to PostgreSQL within {self.pool_timeout:g} s ({e}){why}"
                     ) from e
             except KVError:
                 raise
             except Exception as e:
                 raise _translate(e, "connect") from e
 
-    def _pool_failed(self) -> bool:
-        """Whether the pool has failed to open a connection."""
-        try:
-            return bool(self._pool.get_stats().get("connections_errors", 0))
-        except Exception:
-            return False
+    def _unreachable(self, start: float, deadline: float) -> str | None:
+        """For a store that has not connected yet, whose pool has failed to
+        since the store was made: why, from a connection attempt of our own
+        (one a second per store; the pool logs its errors but keeps none).
+        Raises StoreUnavailableError when waiting on cannot help: at once for
+        a reason that lasts (no such database or role, authentication), and
+        ``_FIRST_CONNECT_GRACE`` s into the wait for a server that refuses or
+        cannot be found (a wrong host or port; one still starting up: ask
+        again). Any other reason (too many clients, starting up, recovery)
+        is waited for, up to ``pool_timeout``, as a store that has connected
+        waits for a restart."""
+        now = time.monotonic()
+        if now < self._asked_at + 1.0 or self._pool_errors() <= self._errors_before:
+            return self._reason
+        self._asked_at = now
+        error = self._connect_error(deadline - now)
+        self._reason = None if error is None else " ".join(str(error).split())  # one line
+        if self._reason is not None and (
+            _LASTING.search(self._reason)
+            or (_UNREACHABLE.search(self._reason) and now >= start + _FIRST_CONNECT_GRACE)
+        ):
+            raise StoreUnavailableError(f"cannot connect to PostgreSQL: {self._reason}") from error
+        return self._reason
 
-    def _connect_error(self) -> Exception | None:
-        """The error of a connection attempt of our own, with the pool's
-        settings (the pool logs its errors but keeps none to raise); None
-        when it connects."""
+    def _pool_errors(self) -> int:
+        """The connection attempts the pool has failed (since it was made)."""
+        try:
+            return int(self._pool.get_stats().get("connections_errors", 0))
+        except Exception:
+            return 0
+
+    def _connect_error(self, left: float) -> Exception | None:
+        """The error of a connection attempt with the pool's settings, or
+        None when it connects; it gives up within ``left`` s."""
         pool = self._pool
         try:
             # (psycopg_pool 3.3: the conninfo and kwargs may be functions returning them)
             conninfo = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
-            kwargs = pool.kwargs() if callable(pool.kwargs) else pool.kwargs
-            pool.connection_class.connect(conninfo, **(kwargs or {})).close()
+            kwargs = dict((pool.kwargs() if callable(pool.kwargs) else pool.kwargs) or {})
+            limit = max(1, int(min(float(kwargs.get("connect_timeout") or left), left)))
+            kwargs["connect_timeout"] = limit
+            pool.connection_class.connect(conninfo, **kwargs).close()
         except Exception as e:
             return e
         return None
@@ -2098,6 +2121,20 @@ def _retryable(error: BaseException, txn: _PGTxn) -> bool:
 
 _LINGER = 0.5  # seconds a read's snapshot may stay open waiting for the next transaction
 _POOL_SLICE = 0.1  # seconds between looks at lingering connections while the pool is empty
+# A store's first connection (_unreachable): reasons no wait cures, raised at
+# once; a server that refuses or cannot be found, raised this many seconds into
+# the wait (a server still starting refuses for a moment); others waited for.
+_LASTING = re.compile(
+    r"does not exist|authentication failed|no pg_hba\.conf entry|no password supplied"
+    r"|permission denied|invalid (?:dsn|connection option|sslmode)",
+    re.IGNORECASE,
+)
+_UNREACHABLE = re.compile(
+    r"connection refused|could not translate host name|name or service not known"
+    r"|no route to host|network is unreachable|no such file or directory",
+    re.IGNORECASE,
+)
+_FIRST_CONNECT_GRACE = 3.0
 
 
 class _Lingering:

@@ -184,6 +184,12 @@ def shared_pool() -> Any:
     return _POOL[0]
 
 
+def database_url(url: str, name: str) -> str:
+    """``url`` (postgresql://.../db?...) naming database ``name`` instead."""
+    base, _, query = url.partition("?")
+    return base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
+
+
 def fresh_database(url: str) -> str:
     """A new empty database on the server at ``url``; its URL (for tools that
     use the default table name)."""
@@ -193,5 +199,15 @@ def fresh_database(url: str) -> str:
     name = unique_table("db")
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    base, _, query = url.partition("?")
-    return base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
+    return database_url(url, name)
+
+
+def drop_database(url: str, name: str) -> None:
+    """DROP DATABASE ``name`` (if it exists) on the server at ``url``, its
+    sessions ended first (a killed client's may linger)."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        query = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
+        conn.execute(query.format(sql.Identifier(name)))

@@ -222,25 +222,11 @@ def test_kill9_graph_writer(tmp_path: Path) -> None:
 @pytest.fixture
 def pg_database(postgres_url: str) -> Iterator[str]:
     """A database of its own on the suite's PostgreSQL server; its URL."""
-    from pg_helpers import unique_table
-    from psycopg import sql
+    from pg_helpers import drop_database, fresh_database
 
-    name = unique_table("kv_crash")
-    with psycopg_connect(postgres_url) as conn:
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    base, _, query = postgres_url.partition("?")
-    yield base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
-    with psycopg_connect(postgres_url) as conn:
-        conn.execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
-
-
-def psycopg_connect(url: str) -> Any:
-    """An autocommit connection (CREATE and DROP DATABASE run outside a transaction)."""
-    import psycopg
-
-    return psycopg.connect(url, autocommit=True)
+    url = fresh_database(postgres_url)
+    yield url
+    drop_database(postgres_url, url.partition("?")[0].rsplit("/", 1)[1])
 
 
 def test_kill9_tight_loop_writers_on_postgres(tmp_path: Path, pg_database: str) -> None:

@@ -1103,37 +1103,37 @@ def test_statement_timeout(postgres_url: str, table: str) -> None:
         store.close()
 
 
-def test_unreachable_server_is_a_clear_error() -> None:
-    """Nothing listens: the first use says so with the server's refusal,
-    without waiting out pool_timeout (before: "no connection to PostgreSQL
+def test_unreachable_server_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing listens: the first use says so with the server's refusal, a
+    grace period into the wait (a server still starting refuses for a
+    moment), not after pool_timeout (before: "no connection to PostgreSQL
     within 30 s", after 30 s, the cause only in the pool's log)."""
-    store = PostgresStore(
-        "postgresql://postgres@127.0.0.1:9/postgres?sslmode=disable", connect_timeout=2
-    )
+    from kvsaver.kv import postgres as P
+
+    monkeypatch.setattr(P, "_FIRST_CONNECT_GRACE", 0.3)
+    url = "postgresql://postgres@127.0.0.1:9/postgres?sslmode=disable"
+    store = PostgresStore(url, connect_timeout=2)
     try:
-        with pytest.raises(
-            StoreUnavailableError, match=r"(?s)cannot connect to PostgreSQL.*refused"
-        ):
+        with pytest.raises(StoreUnavailableError, match=r"cannot connect to PostgreSQL: .*refused"):
             with store.read() as txn:
                 txn.get(b"a")
     finally:
         store.close()
-    with pytest.raises(StoreUnavailableError, match=r"(?s)cannot connect to PostgreSQL.*refused"):
-        KVSaver("postgresql://postgres@127.0.0.1:9/postgres?sslmode=disable")
+    with pytest.raises(StoreUnavailableError, match=r"cannot connect to PostgreSQL: .*refused"):
+        KVSaver(url)
 
 
 def test_a_store_that_never_connected_says_why_and_works_once_it_can(postgres_url: str) -> None:
-    """A database that does not exist (yet): the first use fails with the
-    server's reason; once the database is there, the same store works (the
-    pool keeps trying). A store that has connected once waits for its pool
-    as before (a restart: test_server_restart_under_a_running_writer)."""
+    """A database that does not exist (yet): the first use fails at once with
+    the server's reason, no wait cures it; once the database is there, the
+    same store works (the pool keeps trying)."""
+    from pg_helpers import database_url, drop_database
+
     name = unique_table("kv_late")
-    base, _, query = postgres_url.partition("?")
-    url = base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
-    store = PostgresStore(url, connect_timeout=2)
+    store = PostgresStore(database_url(postgres_url, name), connect_timeout=2)
     try:
         with pytest.raises(
-            StoreUnavailableError, match=f'(?s)cannot connect.*"{name}" does not exist'
+            StoreUnavailableError, match=f'cannot connect to PostgreSQL: .*"{name}" does not exist'
         ):
             store.setup()
         _admin(postgres_url, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
@@ -1143,10 +1143,69 @@ def test_a_store_that_never_connected_says_why_and_works_once_it_can(postgres_ur
             assert txn.get(b"a") == b"1"
     finally:
         store.close()
-        _admin(
-            postgres_url,
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)),
-        )
+        drop_database(postgres_url, name)
+
+
+@pytest.mark.parametrize(
+    "reason, raised_at_once, raised_after_grace",
+    [
+        ('FATAL:  database "x" does not exist', True, True),
+        ('FATAL:  password authentication failed for user "me"', True, True),
+        ('connection to server at "10.0.0.1", port 5432 failed: Connection refused', False, True),
+        ('could not translate host name "db" to address', False, True),
+        ("FATAL:  sorry, too many clients already", False, False),
+        ("FATAL:  the database system is starting up", False, False),
+        ("connection timeout expired", False, False),
+    ],
+)
+def test_why_a_store_cannot_connect_decides_how_long_it_waits(
+    monkeypatch: pytest.MonkeyPatch, reason: str, raised_at_once: bool, raised_after_grace: bool
+) -> None:
+    """_unreachable, for a store not connected yet whose pool failed: a
+    reason no wait cures is raised at once; a refusal or an unknown host,
+    after the grace period; anything else (the server full, starting up, a
+    timeout) is waited for up to pool_timeout, the reason kept for the
+    message."""
+    from kvsaver.kv import postgres as P
+
+    store = PostgresStore("postgresql://me@127.0.0.1:9/x", min_size=0, pool_timeout=30)
+    try:
+        monkeypatch.setattr(store, "_pool_errors", lambda: 1)
+        monkeypatch.setattr(store, "_connect_error", lambda left: psycopg.OperationalError(reason))
+        now = time.monotonic()
+        for start, raises in (
+            (now, raised_at_once),
+            (now - P._FIRST_CONNECT_GRACE, raised_after_grace),
+        ):
+            store._asked_at = -1e9
+            if raises:
+                with pytest.raises(StoreUnavailableError, match="cannot connect to PostgreSQL"):
+                    store._unreachable(start, start + 30)
+            else:
+                assert store._unreachable(start, start + 30) == " ".join(reason.split())
+    finally:
+        store.close()
+
+
+def test_a_pool_passed_in_that_failed_before_is_waited_for(postgres_url: str, table: str) -> None:
+    """A shared pool's failures from before the store was made say nothing
+    about it: a store on a healthy pool whose connections are all out waits
+    for one, and opens none of its own to ask the server why."""
+    pool = ConnectionPool(postgres_url, min_size=1, max_size=1, open=True)
+    try:
+        pool.wait()
+        pool._stats["connections_errors"] += 3  # as after an outage, long over
+        store = PostgresStore(pool, table=table)
+        asked: list[float] = []
+        store._connect_error = lambda left: asked.append(left)  # type: ignore[method-assign]
+        held = pool.getconn()
+        threading.Timer(0.5, pool.putconn, (held,)).start()
+        with store.write() as txn:  # setup() and the write wait for the pool
+            txn.put(b"a", b"1")
+        assert asked == []
+        store.close()
+    finally:
+        pool.close()
 
 
 @pytest.mark.parametrize("pool", ["own", "passed in"])

@@ -29,7 +29,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-import logging
 import math
 import shutil
 import sqlite3
@@ -560,10 +559,6 @@ def diff_command(
 
 def main(argv: list[str] | None = None) -> int:
     """The ``kvsaver`` console script: returns the exit status."""
-    # psycopg_pool logs each failed connection attempt as a warning; the
-    # command reports the failure itself, in one line (a program may set
-    # its logging, a library may not).
-    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     return cli.main(argv, prog_name="kvsaver", standalone_mode=False)
 
 

@@ -8,11 +8,13 @@ command documents them (``migrate``: 1 when verification finds a difference).
 The programs run click with ``standalone_mode=False`` underneath, so the
 status comes back as ``main``'s return value (``python -m tools.storage``,
 the console script and ``python -m kvsaver`` all ``sys.exit`` it) and a usage
-error is one line rather than click's usage block.
+error is one line rather than click's usage block. psycopg_pool's warnings
+(a line per failed connection attempt) are not shown: the error is.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from typing import Any
@@ -40,6 +42,10 @@ def _one_line(message: str) -> str:
 
 
 def _run(main: Any, args: Any, prog_name: Any, standalone_mode: bool, extra: Any) -> int:
+    # psycopg_pool logs each failed connection attempt as a warning; the
+    # program reports the failure itself, in one line (a program may set its
+    # logging, a library may not).
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
     code: int
     try:
         rv = main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
