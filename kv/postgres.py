@@ -760,6 +760,9 @@ class _PGTxn:
         self.assumed_keys: list[bytes] = []
         self._ranges: list[tuple[bytes | None, bytes | None]] = []  # delete_range calls
         self._sent = 0  # round trips made (a mark is restorable only with none since)
+        # A write-only transaction's every write, sent in its one round trip:
+        # looked for when the commit's outcome is lost with its id (_commit).
+        self._written: dict[bytes, bytes | None] | None = None
 
     @property
     def _cur(self) -> Any:
@@ -950,6 +953,7 @@ class _PGTxn:
         if commit and not self._begun and not self._queue and not self.lost:
             # Only writes (and guesses), no read: BEGIN, one statement doing
             # them all (and one per deleted key, of a few), and COMMIT, in one go.
+            self._written = dict(self._dirty)
             writes = self._write_all()
             if writes:
                 self._commit_first(writes, xid_in=True)
@@ -1089,6 +1093,8 @@ class _PGTxn:
                 self.failed = _translate(e, "commit")
                 raise self.failed from e
             fate = self._store._fate(self._xid.rows[0][0] if self._xid.rows else None)
+            if fate is None and self._written and self._store._holds(self._written):
+                fate = "committed"  # its id never came back, its writes are there
             if fate == "committed":
                 return
             self.failed = _translate(e, "commit", committing=fate != "aborted")
@@ -2055,6 +2061,33 @@ class PostgresStore:
             if time.monotonic() > deadline:
                 return None
             time.sleep(0.05)
+
+    def _holds(self, written: dict[bytes, bytes | None]) -> bool:
+        """Whether the table holds every write of a transaction whose commit
+        was lost on the way with its id (the connection broke before the
+        result came back): every value as written, every deleted key absent.
+        Then it committed (or another transaction wrote the very same, which
+        leaves the caller's write there as well). False when it does not, or
+        when it cannot be read: the outcome stays unknown."""
+        from psycopg import sql
+
+        try:
+            conn = self._getconn()
+        except KVError:
+            return False
+        lost = False
+        query = sql.SQL("SELECT key, value FROM {} WHERE key = ANY(%s)").format(self._q.ident)
+        try:
+            rows = conn.execute(query, (list(written),)).fetchall()
+        except Exception:
+            lost = True
+            return False
+        finally:
+            self._putconn(conn, lost)
+        stored = {bytes(k): bytes(v) for k, v in rows}
+        return all(
+            (k not in stored) if v is None else stored.get(k) == v for k, v in written.items()
+        )
 
     # -- maintenance ------------------------------------------------------------------
     def disk_usage(self) -> int:

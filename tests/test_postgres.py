@@ -20,6 +20,7 @@ import psycopg
 import pytest
 from kvsaver import KVSaver
 from kvsaver.kv import (
+    CommitUnknownError,
     CorruptStoreError,
     FormatVersionError,
     KVError,
@@ -1048,6 +1049,57 @@ def test_dead_pooled_connections_are_replaced_without_an_error(
         assert saver.get_tuple(config("t")).checkpoint["id"] == "0002"  # no error
         _chat(saver, "u", 2)
         assert len(list(saver.list(None))) == 5
+
+
+@pytest.mark.parametrize("deletes", [False, True], ids=["one statement", "and a delete"])
+@pytest.mark.parametrize("applied", [True, False], ids=["applied", "not applied"])
+def test_a_commit_whose_result_is_lost_is_looked_for(
+    postgres_url: str, table: str, monkeypatch: pytest.MonkeyPatch, applied: bool, deletes: bool
+) -> None:
+    """The connection breaks after a write-only transaction was sent and
+    before its result (the transaction's id) came back: when every write is
+    in the table as sent, the call succeeds; when not, its outcome is
+    unknown (CommitUnknownError), as before. Before, both raised. (A
+    transaction that read first has its id already: txid_status answers.)"""
+    from kvsaver.kv import postgres as P
+
+    store = PostgresStore(postgres_url, table=table)
+    try:
+        # prepares the write statement on the connection; k0 then in the
+        # cache, so the delete below reads nothing: the transaction is write-only
+        store.transact(lambda txn: txn.put(b"k0", b"0"))
+
+        def broken(orig: Any) -> Any:
+            def send(self: Any, *args: Any) -> Any:
+                if applied:
+                    orig(self, *args)
+                self._conn.close()
+                raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+            return send
+
+        for name in ("_exec_prepared", "_exchange_commit"):
+            monkeypatch.setattr(P._PGTxn, name, broken(getattr(P._PGTxn, name)))
+
+        def write(txn: Any) -> None:
+            txn.put(b"k1", b"1")
+            if deletes:
+                assert txn.delete(b"k0")
+
+        if applied:
+            store.transact(write)
+        else:
+            with pytest.raises(CommitUnknownError):
+                store.transact(write)
+        monkeypatch.undo()
+        with store.read() as txn:
+            got = txn.get_many([b"k0", b"k1"])
+        if applied:
+            assert got == [None if deletes else b"0", b"1"]
+        else:
+            assert got == [b"0", None]
+    finally:
+        store.close()
 
 
 def test_a_session_killed_mid_transaction_fails_that_call_only(
