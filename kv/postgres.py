@@ -470,14 +470,40 @@ def _exchange(conn: Any, items: Sequence[tuple[Any, Any]]) -> list[_Rows]:
             # "57P01 terminating connection due to administrator command"),
             # that is the error: results come in order, so it executed nothing
             # of ours. After any other answer, nothing is known (a COMMIT may
-            # have been applied): the connection's error.
+            # have been applied): the connection's error, carrying the results
+            # that came before it as ``kv_rows`` (a commit's caller learns its
+            # transaction's id there, to ask the server what became of it).
             first = results[0] if results else None
             if first is not None and first.status == _FATAL_ERROR:
                 raise _error(first, conn) from e
+            try:
+                came, failed = _collect(conn, parses, results, names)
+                if failed is None:  # (a failed statement has no rows: the rest would shift)
+                    e.kv_rows = came  # type: ignore[attr-defined]
+            except Exception:
+                pass
             raise
         finally:
             if broken:  # lost, or interrupted mid-pipeline: unusable
                 conn.close()
+    out, error = _collect(conn, parses, results, names)
+    if error is not None:
+        if _unprepared(error):
+            # Deallocated behind our back: DEALLOCATE ALL or DISCARD ALL (a
+            # pool's reset) drop every statement of the session, so every
+            # name is forgotten, not only the one the error names: else the
+            # transaction's next round trip would name another one gone.
+            names.clear()
+        raise error
+    return out
+
+
+def _collect(
+    conn: Any, parses: list[bytes | None], results: list[Any], names: set[bytes]
+) -> tuple[list[_Rows], Exception | None]:
+    """``_exchange``'s results read: the rows of each statement (a Parse's
+    result names the statement prepared), and the first error."""
+    lib = _LIB
     out: list[_Rows] = []
     error: Exception | None = None
     tx: Any = None
@@ -496,15 +522,7 @@ def _exchange(conn: Any, items: Sequence[tuple[Any, Any]]) -> list[_Rows]:
             out.append(_Rows(tx.load_rows(0, res.ntuples, tuple), res.ntuples))
         else:
             out.append(_Rows([], int(res.command_tuples or 0) if res is not None else 0))
-    if error is not None:
-        if _unprepared(error):
-            # Deallocated behind our back: DEALLOCATE ALL or DISCARD ALL (a
-            # pool's reset) drop every statement of the session, so every
-            # name is forgotten, not only the one the error names: else the
-            # transaction's next round trip would name another one gone.
-            names.clear()
-        raise error
-    return out
+    return out, error
 
 
 # Connections on which a statement of ours is prepared (by name): module-wide,
@@ -1148,6 +1166,9 @@ class _PGTxn:
         try:
             results = _exchange(self._conn, items)
         except Exception as e:
+            came: list[_Rows] | None = getattr(e, "kv_rows", None)
+            if xid_at is not None and came is not None and len(came) > xid_at:
+                self._xid.rows = came[xid_at].rows or None  # the id, before the break
             if not _unprepared(e) or self._begun:
                 raise
             if items[0][0] != "ROLLBACK":  # a failed BEGIN block must end first
@@ -2062,7 +2083,7 @@ class PostgresStore:
                 return None
             time.sleep(0.05)
 
-    def _holds(self, written: dict[bytes, bytes | None]) -> bool:
+    def _holds(self, written: dict[bytes, bytes | None], wait: float = 2.0) -> bool:
         """Whether the table holds every write of a transaction whose commit
         was lost on the way with its id (the connection broke before the
         result came back): every value as written, every deleted key absent.
@@ -2071,19 +2092,25 @@ class PostgresStore:
         when it cannot be read: the outcome stays unknown."""
         from psycopg import sql
 
-        try:
-            conn = self._getconn()
-        except KVError:
-            return False
-        lost = False
         query = sql.SQL("SELECT key, value FROM {} WHERE key = ANY(%s)").format(self._q.ident)
-        try:
-            rows = conn.execute(query, (list(written),)).fetchall()
-        except Exception:
-            lost = True
-            return False
-        finally:
-            self._putconn(conn, lost)
+        deadline = time.monotonic() + wait
+        while True:  # (after a restart the pool's idle connections are dead: the next)
+            try:
+                conn = self._getconn()
+            except KVError:
+                return False
+            rows = None
+            try:
+                rows = conn.execute(query, (list(written),)).fetchall()
+            except Exception:
+                pass
+            finally:
+                self._putconn(conn, rows is None)
+            if rows is not None:
+                break
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
         stored = {bytes(k): bytes(v) for k, v in rows}
         return all(
             (k not in stored) if v is None else stored.get(k) == v for k, v in written.items()

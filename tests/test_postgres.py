@@ -1102,6 +1102,73 @@ def test_a_commit_whose_result_is_lost_is_looked_for(
         store.close()
 
 
+def test_a_pipeline_broken_mid_way_keeps_the_results_that_came(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """_exchange: the connection lost after some results came: the error
+    carries them (kv_rows), each statement's rows in order."""
+    from kvsaver.kv import postgres as P
+
+    orig = P._round_trip
+
+    def cut(pgconn: Any, results: list[Any]) -> Any:
+        yield from orig(pgconn, results)
+        del results[2:]  # as if the third had not come
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(P, "_round_trip", cut)
+    P._psycopg()
+    conn = psycopg.connect(postgres_url, autocommit=True, prepare_threshold=None)
+    try:
+        with pytest.raises(psycopg.OperationalError) as info:
+            P._exchange(conn, [("SELECT 1", None), ("SELECT 2", None), ("SELECT 3", None)])
+        assert [r.rows for r in info.value.kv_rows] == [[(1,)], [(2,)]]  # type: ignore[attr-defined]
+        assert conn.closed
+    finally:
+        conn.close()
+
+
+def test_a_commit_lost_after_its_id_came_is_asked_about_and_rerun(
+    postgres_url: str, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a pool passed in a write is BEGIN, the statement (which returns the
+    transaction's id) and COMMIT in one pipeline. The connection lost after
+    the id came back and before COMMIT was applied: txid_status says
+    "aborted", so nothing was committed, and transact runs the write again
+    on a new connection. Before, the id was dropped with the connection:
+    CommitUnknownError."""
+    from kvsaver.kv import postgres as P
+
+    pool = ConnectionPool(
+        postgres_url, min_size=1, max_size=2, kwargs={"autocommit": True}, open=True
+    )
+    store = PostgresStore(pool, table=table)
+    try:
+        store.transact(lambda txn: txn.put(b"k0", b"0"))
+        orig = P._exchange
+        broke: list[int] = []
+
+        def exchange(conn: Any, items: Any) -> Any:
+            if broke or not items or items[-1][0] != "COMMIT":
+                return orig(conn, items)
+            broke.append(1)
+            came = orig(conn, items[:-1])  # all but COMMIT: the transaction stays open
+            conn.close()  # and the server rolls it back
+            error = psycopg.OperationalError("server closed the connection unexpectedly")
+            error.kv_rows = came  # type: ignore[attr-defined]
+            raise error
+
+        monkeypatch.setattr(P, "_exchange", exchange)
+        store.transact(lambda txn: txn.put(b"k1", b"1"))
+        monkeypatch.undo()
+        assert broke == [1]
+        with store.read() as txn:
+            assert txn.get_many([b"k0", b"k1"]) == [b"0", b"1"]
+    finally:
+        store.close()
+        pool.close()
+
+
 def test_a_session_killed_mid_transaction_fails_that_call_only(
     postgres_url: str, table: str
 ) -> None:
