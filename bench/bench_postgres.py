@@ -122,8 +122,9 @@ def _database(url: str, name: str) -> str:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    base, _, query = url.partition("?")
-    return base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
+    from pg_helpers import database_url
+
+    return database_url(url, name)
 
 
 def _savers(url: str, ab: bool = False) -> dict[str, Any]:

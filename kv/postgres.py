@@ -778,9 +778,6 @@ class _PGTxn:
         self.assumed_keys: list[bytes] = []
         self._ranges: list[tuple[bytes | None, bytes | None]] = []  # delete_range calls
         self._sent = 0  # round trips made (a mark is restorable only with none since)
-        # A write-only transaction's every write, sent in its one round trip:
-        # looked for when the commit's outcome is lost with its id (_commit).
-        self._written: dict[bytes, bytes | None] | None = None
 
     @property
     def _cur(self) -> Any:
@@ -971,7 +968,6 @@ class _PGTxn:
         if commit and not self._begun and not self._queue and not self.lost:
             # Only writes (and guesses), no read: BEGIN, one statement doing
             # them all (and one per deleted key, of a few), and COMMIT, in one go.
-            self._written = dict(self._dirty)
             writes = self._write_all()
             if writes:
                 self._commit_first(writes, xid_in=True)
@@ -1111,7 +1107,9 @@ class _PGTxn:
                 self.failed = _translate(e, "commit")
                 raise self.failed from e
             fate = self._store._fate(self._xid.rows[0][0] if self._xid.rows else None)
-            if fate is None and self._written and self._store._holds(self._written):
+            # xid_in: a write-only transaction (its statement returns its id),
+            # whose every write is in _dirty (cleared only below, in finally).
+            if fate is None and xid_in and self._dirty and self._store._holds(self._dirty):
                 fate = "committed"  # its id never came back, its writes are there
             if fate == "committed":
                 return
@@ -2056,6 +2054,27 @@ class PostgresStore:
             ran.append(c)
         return ran, None, None
 
+    def _ask(self, query: Any, params: Any, deadline: float) -> list[Any] | None:
+        """The rows of ``query`` on a pooled connection, after a commit whose
+        connection broke; a dead connection (after a restart every idle one
+        is) is dropped and the next one tried until ``deadline``. None: no
+        answer by then."""
+        while True:
+            try:
+                conn = self._getconn()
+            except KVError:
+                return None
+            rows = None
+            try:
+                rows = conn.execute(query, params).fetchall()
+            except Exception:
+                pass
+            finally:
+                self._putconn(conn, rows is None)
+            if rows is not None or time.monotonic() > deadline:
+                return rows
+            time.sleep(0.05)
+
     def _fate(self, xid: int | None, wait: float = 2.0) -> str | None:
         """'committed', 'aborted' or None (unknown) for a transaction whose
         COMMIT was lost on the way: asked on a new connection, waiting a
@@ -2064,22 +2083,11 @@ class PostgresStore:
             return None
         deadline = time.monotonic() + wait
         while True:
-            try:
-                conn = self._getconn()
-            except KVError:
-                return None
-            lost = False
-            try:
-                row = conn.execute("SELECT txid_status(%s)", (xid,)).fetchone()
-            except Exception:
-                lost = True
-                row = None
-            finally:
-                self._putconn(conn, lost)
-            status = row[0] if row else None
+            rows = self._ask("SELECT txid_status(%s)", (xid,), deadline)
+            status = rows[0][0] if rows else None
             if status in ("committed", "aborted"):
                 return str(status)
-            if time.monotonic() > deadline:
+            if rows is None or time.monotonic() > deadline:  # no answer, or still in progress
                 return None
             time.sleep(0.05)
 
@@ -2093,24 +2101,9 @@ class PostgresStore:
         from psycopg import sql
 
         query = sql.SQL("SELECT key, value FROM {} WHERE key = ANY(%s)").format(self._q.ident)
-        deadline = time.monotonic() + wait
-        while True:  # (after a restart the pool's idle connections are dead: the next)
-            try:
-                conn = self._getconn()
-            except KVError:
-                return False
-            rows = None
-            try:
-                rows = conn.execute(query, (list(written),)).fetchall()
-            except Exception:
-                pass
-            finally:
-                self._putconn(conn, rows is None)
-            if rows is not None:
-                break
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
+        rows = self._ask(query, (list(written),), time.monotonic() + wait)
+        if rows is None:
+            return False
         stored = {bytes(k): bytes(v) for k, v in rows}
         return all(
             (k not in stored) if v is None else stored.get(k) == v for k, v in written.items()
