@@ -51,7 +51,7 @@ class StoreStats:
     threads: list[ThreadStats] = field(default_factory=list)
 
     def format(self, top: int | None = 20) -> str:
-        """A plain-text report (what ``python -m tools.storage stats`` prints)."""
+        """A plain-text report (what ``kvsaver stats`` prints)."""
         ratio = f"{self.disk_bytes / self.live_bytes:.2f}x live" if self.live_bytes else "-"
         lines = [
             f"disk bytes   {self.disk_bytes:>14,}  ({ratio})",

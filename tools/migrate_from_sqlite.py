@@ -1,6 +1,7 @@
 """Copy a LangGraph ``SqliteSaver`` database into a KVSaver directory.
 
-    python -m tools.migrate_from_sqlite SOURCE.sqlite DEST_DIR [options]
+    kvsaver migrate SOURCE.sqlite DEST_DIR [options]
+    python -m kvsaver.tools.migrate_from_sqlite SOURCE.sqlite DEST_DIR [options]
 
 The source is opened read-only and checked before anything is written; every
 checkpoint (id, parent, namespace, metadata) and its pending writes are
@@ -242,7 +243,7 @@ def migrate_command(
 
 
 def main(argv: list[str] | None = None) -> int:
-    prog = "python -m tools.migrate_from_sqlite"
+    prog = f"python -m {__spec__.name}"  # the name it was run by (installed or a checkout)
     return migrate_command.main(argv, prog_name=prog, standalone_mode=False)
 
 

@@ -1,12 +1,13 @@
 """Look after a KVSaver store's size: stats, retention sweeps, compaction.
 
-    python -m tools.storage stats   DIR [--top N] [--json]
-    python -m tools.storage sweep   DIR [--keep-last N] [--ttl-minutes M]
-                                        [--strategy delete|keep_latest] [--incremental]
-                                        [--encrypted] [--json]
-    python -m tools.storage compact DIR [--full] [--json]
+    kvsaver stats   DIR [--top N] [--json]
+    kvsaver sweep   DIR [--keep-last N] [--ttl-minutes M]
+                        [--strategy delete|keep_latest] [--incremental]
+                        [--encrypted] [--json]
+    kvsaver compact DIR [--full] [--json]
 
-The same commands are ``kvsaver stats|sweep|compact`` (``tools/cli.py``).
+(``tools/cli.py``); this module runs the same three commands as
+``python -m kvsaver.tools.storage`` (``python -m tools.storage`` in a checkout).
 
 ``stats`` opens the store read-only (beside running writers) and prints bytes
 on disk and live, and the largest threads. ``sweep`` applies a retention
@@ -189,7 +190,7 @@ def _call(fn: Callable[[argparse.Namespace], int], params: dict[str, Any]) -> in
     return 0
 
 
-# The commands, shared by ``python -m tools.storage`` and ``kvsaver``.
+# The commands, shared by this module's ``main`` and ``kvsaver``.
 _store = click.argument("dir", metavar="STORE")
 _quiet = click.option("--quiet", is_flag=True, help="no progress bar")
 _json = click.option("--json", "json", is_flag=True, help="one JSON document")
@@ -244,10 +245,11 @@ COMMANDS = [stats_command, sweep_command, compact_command]
 
 
 def main(argv: list[str] | None = None) -> int:
-    group = Group("python -m tools.storage", help=(__doc__ or "").split("\n\n")[0])
+    prog = f"python -m {__spec__.name}"  # the name it was run by (installed or a checkout)
+    group = Group(prog, help=(__doc__ or "").split("\n\n")[0])
     for command in COMMANDS:
         group.add_command(command)
-    return group.main(argv, prog_name="python -m tools.storage", standalone_mode=False)
+    return group.main(argv, prog_name=prog, standalone_mode=False)
 
 
 if __name__ == "__main__":
