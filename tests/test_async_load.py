@@ -273,3 +273,78 @@ def test_aget_tuple_reads_on_the_loop_only_where_reads_cannot_block(
     loop_thread, threads = asyncio.run(main(other, other.store))
     assert threads and loop_thread not in threads
     inner.close()
+
+
+def test_async_calls_can_all_wait_on_one_commit(tmp_path: Path) -> None:
+    """Issue #13: a local store's async calls run in the saver's own pool,
+    where 16 calls can be in progress at once (the loop's default executor
+    has min(32, cpus + 4) threads: 6 on 2 cores), so that puts arriving
+    during a commit wait together and share the next one. Each call here
+    waits at a barrier of 16 inside the store: with fewer threads than
+    that, the barrier breaks (its timeout) and the calls fail."""
+    saver = KVSaver(tmp_path / "s")
+    barrier = threading.Barrier(16, timeout=20)
+    names: list[str] = []
+    put = saver.put
+
+    def waiting_put(*args: Any) -> Any:
+        names.append(threading.current_thread().name)
+        barrier.wait()
+        return put(*args)
+
+    saver.put = waiting_put  # type: ignore[method-assign]
+
+    async def main() -> None:
+        await asyncio.gather(
+            *(
+                saver.aput(
+                    {"configurable": {"thread_id": f"t{i}", "checkpoint_ns": ""}},
+                    _checkpoint(),
+                    {"source": "input", "step": -1},
+                    {},
+                )
+                for i in range(16)
+            )
+        )
+
+    asyncio.run(main())
+    assert len(names) == 16 and all(n.startswith("kvsaver-async") for n in names)
+    assert len(list(saver.list(None))) == 16
+    saver.close()
+
+
+def test_close_waits_for_async_calls_and_later_ones_fail(tmp_path: Path) -> None:
+    """close() lets the async calls in progress finish (their pool is shut
+    down before the store closes), and an async call after close fails as
+    a sync one does, instead of waiting for a pool that is gone."""
+    saver = KVSaver(tmp_path / "s")
+    started = threading.Event()
+    put = saver.put
+
+    def slow_put(*args: Any) -> Any:
+        started.set()
+        time.sleep(0.2)
+        return put(*args)
+
+    saver.put = slow_put  # type: ignore[method-assign]
+    cfg = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+
+    async def main() -> Any:
+        task = asyncio.ensure_future(saver.aput(cfg, _checkpoint(), {}, {}))
+        await asyncio.get_running_loop().run_in_executor(None, started.wait)
+        await asyncio.get_running_loop().run_in_executor(None, saver.close)
+        return await task
+
+    stored = asyncio.run(main())
+    assert stored["configurable"]["thread_id"] == "t"
+    with pytest.raises(Exception) as sync_error:
+        saver.put(cfg, _checkpoint(), {}, {})
+
+    async def after() -> None:
+        await saver.aput(cfg, _checkpoint(), {}, {})
+
+    with pytest.raises(type(sync_error.value)):
+        asyncio.run(asyncio.wait_for(after(), timeout=20))
+    reopened = KVSaver(tmp_path / "s")
+    assert reopened.get_tuple(cfg) is not None
+    reopened.close()

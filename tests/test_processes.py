@@ -9,6 +9,7 @@ in the store afterwards (checked by a fresh process). Workers live in
 
 from __future__ import annotations
 
+import asyncio
 import json
 import multiprocessing as mp
 import os
@@ -389,3 +390,39 @@ def test_file_backend_fork_keeps_every_acknowledged_put(tmp_path: Path) -> None:
             tup = fresh.get_tuple(H.thread_config(thread, cid))
             assert tup is not None and not H.check_tuple(tup, expect_marker=True)
         assert len(list(fresh.list(None))) == len(acked)
+
+
+def test_async_calls_in_a_forked_child_after_the_parent_made_its_pool(tmp_path: Path) -> None:
+    """Issue #13: async calls run in the saver's own thread pool, made at the
+    first one. A child forked after that has the pool object but none of its
+    threads: its async calls get a pool of their own instead of waiting
+    forever on the parent's."""
+    saver = KVSaver(tmp_path / "store")
+    try:
+        cfg = H.thread_config("parent")
+        from langgraph.checkpoint.base import empty_checkpoint
+        from langgraph.checkpoint.base.id import uuid6
+
+        def checkpoint() -> Any:
+            c = empty_checkpoint()
+            c["id"] = str(uuid6())
+            return c
+
+        asyncio.run(saver.aput(cfg, checkpoint(), {}, {}))  # the parent's pool exists now
+
+        def child() -> dict[str, Any]:
+            async def main() -> str:
+                out = await saver.aput(H.thread_config("child"), checkpoint(), {}, {})
+                got = await saver.aget_tuple(H.thread_config("child"))
+                assert got is not None
+                return str(out["configurable"]["checkpoint_id"])
+
+            return {"id": asyncio.run(main())}
+
+        code, out = _child(child, timeout=30)
+        assert code == 0, out
+        got = saver.get_tuple(H.thread_config("child"))
+        assert got is not None and got.config["configurable"]["checkpoint_id"] == out["id"]
+        asyncio.run(saver.aput(cfg, checkpoint(), {}, {}))  # the parent's pool still works
+    finally:
+        saver.close()
