@@ -9,11 +9,13 @@ overhead per superstep = (time - time without, same round) / checkpoints.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,19 +23,25 @@ import ab_invokes13 as A
 import bench_async as B
 
 
-def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 6
-    names = ["none", "after", "before", "async-sqlite"]
+def compare(
+    variants: dict[str, Callable[[], None]], rounds: int, restore: Callable[[], None]
+) -> None:
+    """Time bench_async's 32 conversations with KVSaver under each variant
+    (``variants[name]()`` installs it), AsyncSqliteSaver and no checkpointer,
+    in rotating rounds (round 0 a warm-up), ``restore()`` at the end; print
+    the median overheads and the first variant against the second."""
+    names = ["none", *variants, "async-sqlite"]
     secs: dict[str, list[float]] = {n: [] for n in names}
     top = tempfile.mkdtemp(prefix="ab-async-")
     steps = 1
     try:
         for r in range(rounds):
-            for n in names[r % 4 :] + names[: r % 4]:
+            k = r % len(names)
+            for n in names[k:] + names[:k]:
                 wd = os.path.join(top, f"{n}-{r}")
                 os.makedirs(wd)
-                if n in ("after", "before"):
-                    A._install(n)
+                if n in variants:
+                    variants[n]()
                     s, _, w = asyncio.run(B._timed_run(B.KV_LMDB, wd))
                 else:
                     name = B.ASQLITE if n == "async-sqlite" else B.NONE
@@ -44,17 +52,26 @@ def main() -> None:
                 if w:
                     steps = w
     finally:
-        A._install("after")
+        restore()
         shutil.rmtree(top, ignore_errors=True)
     over = {n: [(a - b) / steps * 1e6 for a, b in zip(secs[n], secs["none"])] for n in names[1:]}
     med = {n: statistics.median(v) for n, v in over.items()}
     print(f"load average {os.getloadavg()[0]:.2f}; overhead us/superstep, medians:")
     print({n: round(v) for n, v in med.items()})
-    ratio = statistics.median(a / b for a, b in zip(over["after"], over["before"]))
+    new, old = list(variants)[:2]
+    ratio = statistics.median(a / b for a, b in zip(over[new], over[old]))
     print(
-        f"after/before (median of per-round ratios) {ratio:.3f}; "
-        f"x AsyncSqliteSaver: after {med['after'] / med['async-sqlite']:.3f}, "
-        f"before {med['before'] / med['async-sqlite']:.3f}"
+        f"{new}/{old} (median of per-round ratios) {ratio:.3f}; x AsyncSqliteSaver: "
+        + ", ".join(f"{n} {med[n] / med['async-sqlite']:.3f}" for n in variants)
+    )
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 6
+    compare(
+        {n: functools.partial(A._install, n) for n in ("after", "before")},
+        rounds,
+        functools.partial(A._install, "after"),
     )
 
 

@@ -16,25 +16,17 @@ per operation, medians of per-round ratios to SqliteSaver, and new/old.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import shutil
 import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _workloads import KV_LMDB, SQLITE, build_store13, close_saver, populate13, rotated
-
-ROWS: dict[str, tuple[Callable[[Any, dict[str, Any]], Any], str]] = {
-    "get_tuple:latest": (lambda s, c: s.get_tuple(c), "latest"),
-    "get_tuple:by_id": (lambda s, c: s.get_tuple(c), "by_id"),
-    "list:limit10": (lambda s, c: list(s.list(c, limit=10)), "latest"),
-}
+from _workloads import KV_LMDB, SQLITE, build_store13, close_saver, populate13
+from ab_reads13 import ROWS, paired_cpu
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,22 +59,13 @@ def main(argv: list[str] | None = None) -> int:
         names = list(savers)
         for row in args.rows.split(","):
             op, which = ROWS[row]
-            cpu: dict[str, list[float]] = {n: [] for n in names}
-            at = dict.fromkeys(names, 0)
-            for r in range(args.rounds + 1):
-                for name in rotated(names, r):
-                    first = at[name]
-                    at[name] += args.ops
-                    s, cfgs = savers[name], getattr(stores[name], which)
-                    gc.collect()
-                    c0 = time.thread_time()
-                    for i in range(first, first + args.ops):
-                        op(s, cfgs[i % len(cfgs)])
-                    c = time.thread_time() - c0
-                    if r > 0:
-                        cpu[name].append(c / args.ops)
-            med = {n: statistics.median(v) * 1e6 for n, v in cpu.items()}
+            cfgs = {n: getattr(stores[n], which) for n in names}
 
+            def call(name: str, i: int, op: Any = op, cfgs: Any = cfgs) -> None:
+                op(savers[name], cfgs[name][i % len(cfgs[name])])
+
+            cpu = paired_cpu(names, args.rounds, args.ops, call)
+            med = {n: statistics.median(v) * 1e6 for n, v in cpu.items()}
             ratio = {
                 pair: statistics.median(x / y for x, y in zip(cpu[pair[0]], cpu[pair[1]]))
                 for pair in (("new", "sqlite"), ("old", "sqlite"), ("new", "old"))

@@ -40,6 +40,29 @@ ROWS: dict[str, tuple[Callable[[Any, dict[str, Any]], Any], str]] = {
 }
 
 
+def paired_cpu(
+    names: list[str], rounds: int, ops: int, call: Callable[[str, int], Any]
+) -> dict[str, list[float]]:
+    """Per name, the thread CPU seconds per operation of each round: every
+    round runs ``call(name, i)`` for the next ``ops`` values of ``i`` of
+    each name, in an order that rotates every round, each name's calls after
+    a full collection; round 0 is a warm-up, not kept."""
+    cpu: dict[str, list[float]] = {n: [] for n in names}
+    at = dict.fromkeys(names, 0)
+    for r in range(rounds + 1):
+        for name in rotated(names, r):
+            first = at[name]
+            at[name] += ops
+            gc.collect()
+            c0 = time.thread_time()
+            for i in range(first, first + ops):
+                call(name, i)
+            c = time.thread_time() - c0
+            if r > 0:
+                cpu[name].append(c / ops)
+    return cpu
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--old", help="directory holding the kvsaver_old package")
@@ -67,24 +90,14 @@ def main(argv: list[str] | None = None) -> int:
             cfgs = getattr(st, which)
             floor = floor_reader(st, row)
             names = [*savers, "floor"]
-            cpu: dict[str, list[float]] = {n: [] for n in names}
-            at = dict.fromkeys(names, 0)
-            for r in range(args.rounds + 1):
-                for name in rotated(names, r):
-                    first = at[name]
-                    at[name] += args.ops
-                    gc.collect()
-                    c0 = time.thread_time()
-                    if name == "floor":
-                        for i in range(first, first + args.ops):
-                            floor(i)
-                    else:
-                        s = savers[name]
-                        for i in range(first, first + args.ops):
-                            op(s, cfgs[i % len(cfgs)])
-                    c = time.thread_time() - c0
-                    if r > 0:
-                        cpu[name].append(c / args.ops)
+
+            def call(name: str, i: int, op: Any = op, cfgs: Any = cfgs, floor: Any = floor) -> None:
+                if name == "floor":
+                    floor(i)
+                else:
+                    op(savers[name], cfgs[i % len(cfgs)])
+
+            cpu = paired_cpu(names, args.rounds, args.ops, call)
             med = {n: statistics.median(v) * 1e6 for n, v in cpu.items()}
             ratio = {
                 n: statistics.median(a / b for a, b in zip(cpu[n], cpu["floor"])) for n in savers
