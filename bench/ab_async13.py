@@ -29,9 +29,11 @@ def compare(
     """Time bench_async's 32 conversations with KVSaver under each variant
     (``variants[name]()`` installs it), AsyncSqliteSaver and no checkpointer,
     in rotating rounds (round 0 a warm-up), ``restore()`` at the end; print
-    the median overheads and the first variant against the second."""
+    the median overheads, the worst loop lags and the first variant against
+    the second."""
     names = ["none", *variants, "async-sqlite"]
     secs: dict[str, list[float]] = {n: [] for n in names}
+    lags: dict[str, list[float]] = {n: [] for n in names}
     top = tempfile.mkdtemp(prefix="ab-async-")
     steps = 1
     try:
@@ -42,13 +44,14 @@ def compare(
                 os.makedirs(wd)
                 if n in variants:
                     variants[n]()
-                    s, _, w = asyncio.run(B._timed_run(B.KV_LMDB, wd))
+                    s, lag, w = asyncio.run(B._timed_run(B.KV_LMDB, wd))
                 else:
                     name = B.ASQLITE if n == "async-sqlite" else B.NONE
-                    s, _, w = asyncio.run(B._timed_run(name, wd))
+                    s, lag, w = asyncio.run(B._timed_run(name, wd))
                 shutil.rmtree(wd, ignore_errors=True)
                 if r > 0:
                     secs[n].append(s)
+                    lags[n].append(lag)
                 if w:
                     steps = w
     finally:
@@ -58,6 +61,12 @@ def compare(
     med = {n: statistics.median(v) for n, v in over.items()}
     print(f"load average {os.getloadavg()[0]:.2f}; overhead us/superstep, medians:")
     print({n: round(v) for n, v in med.items()})
+    print(
+        "worst loop lag, ms, median (largest): "
+        + ", ".join(
+            f"{n} {statistics.median(v) * 1e3:.0f} ({max(v) * 1e3:.0f})" for n, v in lags.items()
+        )
+    )
     new, old = list(variants)[:2]
     ratio = statistics.median(a / b for a, b in zip(over[new], over[old]))
     print(

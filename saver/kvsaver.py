@@ -183,6 +183,11 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             ``sweep_interval_minutes`` in bounded steps, or by ``sweep()``.
         clock: seconds since the epoch for thread activity (default
             ``time.time``); inject one to test TTLs without waiting.
+        async_threads: the threads of this saver's async calls on a local
+            store (default 32; ``None``: the event loop's default executor).
+            Puts that wait for one commit share it, so more threads mean
+            fewer flushes under concurrent ``ainvoke``s, and a longer worst
+            wait of the event loop for the GIL (see ``_run``).
         **store_options: options of the backend's store, checked against
             what that backend takes (``_BACKENDS``): for LMDB ``map_size``
             and ``max_readers`` (``kv.LMDBStore``), for a PostgreSQL URL
@@ -209,6 +214,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         compress_threshold: int = C.DEFAULT_THRESHOLD,
         retention: R.Retention | Mapping[str, Any] | None = None,
         clock: Callable[[], float] | None = None,
+        async_threads: int | None = _ASYNC_THREADS,
         **store_options: Any,
     ) -> None:
         # Store options given explicitly (None is each backend's default).
@@ -218,6 +224,13 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             **store_options,
         }
         # Checked before anything is opened or built: a bad option costs nothing.
+        if async_threads is not None and (
+            type(async_threads) is not int or not 1 <= async_threads <= 1024
+        ):
+            raise ValueError(
+                f"async_threads must be an int from 1 to 1024 or None, got {async_threads!r}"
+            )
+        self._async_threads = async_threads
         self._backend = _choose_backend(path_or_store, backend, readonly, given)
         super().__init__(serde=serde)
         # Always wrapped, also with compress=False: values stored compressed
@@ -990,8 +1003,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         sync nodes share): a commit waits for the disk, and every put that
         arrives meanwhile joins the next one (group commit), so the more
         callers can wait, the fewer flushes per checkpoint. 32 conversations
-        on one loop: 0.75-0.83x the overhead with the default executor
-        (``bench/ab_async_pool13.py``, issue #13). A network store keeps the
+        on one loop (``bench/ab_async_pool13.py``, issue #13): 0.83-0.87x
+        the overhead with the default executor, and a longer worst wait of
+        the loop (the median of each run's worst: 85-104 ms against 53-72
+        ms; AsyncSqliteSaver 13-76, no checkpointer 37-50): more threads
+        that want the GIL. ``async_threads`` sets the pool's size (12:
+        0.96x and 72 ms in the same rounds). A network store keeps the
         default executor: each of its calls holds a pooled connection."""
         loop = asyncio.get_running_loop()
         call = functools.partial(fn, *args, **kwargs)
@@ -1002,17 +1019,19 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     def _async_pool(self) -> ThreadPoolExecutor | None:
         """The pool of ``_run``, made at the first call (and again in a child
         process after a fork: the parent's threads are not there). None
-        once closed: the default executor, where the call fails as any call
-        on a closed saver does."""
+        with ``async_threads=None``, and once closed: the default executor
+        (where a call fails as any call on a closed saver does)."""
         pool = self._pool
         pid = os.getpid()
         if pool is not None and pool[0] == pid:
             return pool[1]
         with self._pool_lock:
-            if self._pool_closed:
+            if self._pool_closed or self._async_threads is None:
                 return None
             if self._pool is None or self._pool[0] != pid:
-                executor = ThreadPoolExecutor(_ASYNC_THREADS, thread_name_prefix=_ASYNC_THREAD_NAME)
+                executor = ThreadPoolExecutor(
+                    self._async_threads, thread_name_prefix=_ASYNC_THREAD_NAME
+                )
                 self._pool = (pid, executor)
             return self._pool[1]
 

@@ -348,3 +348,32 @@ def test_close_waits_for_async_calls_and_later_ones_fail(tmp_path: Path) -> None
     reopened = KVSaver(tmp_path / "s")
     assert reopened.get_tuple(cfg) is not None
     reopened.close()
+
+
+def test_async_threads_option(tmp_path: Path) -> None:
+    """async_threads sets the pool's size; None keeps the loop's default
+    executor (as before the pool); anything else is refused before the
+    store is opened."""
+    names: list[str] = []
+
+    def record(saver: KVSaver) -> None:
+        put = saver.put
+
+        def recording_put(*args: Any) -> Any:
+            names.append(threading.current_thread().name)
+            return put(*args)
+
+        saver.put = recording_put  # type: ignore[method-assign]
+
+    cfg = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    for threads, prefix in ((None, "asyncio"), (2, "kvsaver-async")):
+        names.clear()
+        saver = KVSaver(tmp_path / f"s{threads}", async_threads=threads)
+        record(saver)
+        asyncio.run(saver.aput(cfg, _checkpoint(), {}, {}))
+        saver.close()
+        assert names and names[0].startswith(prefix), (threads, names)
+    for bad in (0, -1, 1.5, "8", 100_000):
+        with pytest.raises(ValueError, match="async_threads"):
+            KVSaver(tmp_path / "never", async_threads=bad)  # type: ignore[arg-type]
+    assert not (tmp_path / "never").exists()
