@@ -998,7 +998,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
 
     async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn`` in a worker thread. On a local store, in this saver's own
-        pool of up to ``_ASYNC_THREADS`` threads, not the loop's default
+        pool of ``async_threads`` threads (32 by default), not the loop's default
         executor (a few threads: ``min(32, cpus + 4)``, which a graph's
         sync nodes share): a commit waits for the disk, and every put that
         arrives meanwhile joins the next one (group commit), so the more
