@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import ab_invokes13 as A
 import bench_async as B
+from _workloads import rotated
 
 
 def compare(
@@ -38,8 +39,7 @@ def compare(
     steps = 1
     try:
         for r in range(rounds):
-            k = r % len(names)
-            for n in names[k:] + names[:k]:
+            for n in rotated(names, r):
                 wd = os.path.join(top, f"{n}-{r}")
                 os.makedirs(wd)
                 if n in variants:

@@ -115,16 +115,11 @@ def server_url() -> Iterator[str]:
 
 
 def _database(url: str, name: str) -> str:
-    """A fresh database on the server; its URL."""
-    import psycopg
-    from psycopg import sql
+    """A fresh database on the server (one of that name dropped first); its URL."""
+    from pg_helpers import create_database, drop_database
 
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    from pg_helpers import database_url
-
-    return database_url(url, name)
+    drop_database(url, name)
+    return create_database(url, name)
 
 
 def _savers(url: str, ab: bool = False) -> dict[str, Any]:

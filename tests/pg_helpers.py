@@ -190,16 +190,20 @@ def database_url(url: str, name: str) -> str:
     return base.rsplit("/", 1)[0] + f"/{name}" + (f"?{query}" if query else "")
 
 
-def fresh_database(url: str) -> str:
-    """A new empty database on the server at ``url``; its URL (for tools that
-    use the default table name)."""
+def create_database(url: str, name: str) -> str:
+    """CREATE DATABASE ``name`` on the server at ``url``; its URL."""
     import psycopg
     from psycopg import sql
 
-    name = unique_table("db")
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     return database_url(url, name)
+
+
+def fresh_database(url: str) -> str:
+    """A new empty database on the server at ``url``; its URL (for tools that
+    use the default table name)."""
+    return create_database(url, unique_table("db"))
 
 
 def drop_database(url: str, name: str) -> None:

@@ -222,11 +222,11 @@ def test_kill9_graph_writer(tmp_path: Path) -> None:
 @pytest.fixture
 def pg_database(postgres_url: str) -> Iterator[str]:
     """A database of its own on the suite's PostgreSQL server; its URL."""
-    from pg_helpers import drop_database, fresh_database
+    from pg_helpers import create_database, drop_database, unique_table
 
-    url = fresh_database(postgres_url)
-    yield url
-    drop_database(postgres_url, url.partition("?")[0].rsplit("/", 1)[1])
+    name = unique_table("db")
+    yield create_database(postgres_url, name)
+    drop_database(postgres_url, name)
 
 
 def test_kill9_tight_loop_writers_on_postgres(tmp_path: Path, pg_database: str) -> None:

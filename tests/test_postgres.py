@@ -1246,7 +1246,7 @@ def test_a_store_that_never_connected_says_why_and_works_once_it_can(postgres_ur
     """A database that does not exist (yet): the first use fails at once with
     the server's reason, no wait cures it; once the database is there, the
     same store works (the pool keeps trying)."""
-    from pg_helpers import database_url, drop_database
+    from pg_helpers import create_database, database_url, drop_database
 
     name = unique_table("kv_late")
     store = PostgresStore(database_url(postgres_url, name), connect_timeout=2)
@@ -1255,7 +1255,7 @@ def test_a_store_that_never_connected_says_why_and_works_once_it_can(postgres_ur
             StoreUnavailableError, match=f'cannot connect to PostgreSQL: .*"{name}" does not exist'
         ):
             store.setup()
-        _admin(postgres_url, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        create_database(postgres_url, name)
         with store.write() as txn:
             txn.put(b"a", b"1")
         with store.read() as txn:

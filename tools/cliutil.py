@@ -6,7 +6,7 @@ one line on stderr saying why (``error: ...``); other codes only where a
 command documents them (``migrate``: 1 when verification finds a difference).
 
 The programs run click with ``standalone_mode=False`` underneath, so the
-status comes back as ``main``'s return value (``python -m tools.storage``,
+status comes back as ``main``'s return value (``python -m kvsaver.tools.storage``,
 the console script and ``python -m kvsaver`` all ``sys.exit`` it) and a usage
 error is one line rather than click's usage block. psycopg_pool's warnings
 (a line per failed connection attempt) are not shown: the error is.
@@ -35,6 +35,13 @@ class Fail(click.ClickException):
 
     def show(self, file: Any = None) -> None:
         click.echo(f"error: {self.format_message()}", err=True)
+
+
+def module_prog(spec: Any) -> str:
+    """``python -m <module>`` for a program run as a module: the name it was
+    run by (``kvsaver.tools.storage`` installed, ``tools.storage`` in a
+    checkout), from its ``__spec__``."""
+    return f"python -m {spec.name}"
 
 
 def _one_line(message: str) -> str:

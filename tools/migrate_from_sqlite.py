@@ -33,7 +33,7 @@ import click
 from kvsaver.kv.postgres import is_postgres_url
 from kvsaver.migrate import MigrationError, MigrationStats, VerificationError, migrate_from_sqlite
 
-from .cliutil import Command, Fail
+from .cliutil import Command, Fail, module_prog
 
 
 class Progress:
@@ -243,7 +243,7 @@ def migrate_command(
 
 
 def main(argv: list[str] | None = None) -> int:
-    prog = f"python -m {__spec__.name}"  # the name it was run by (installed or a checkout)
+    prog = module_prog(__spec__)
     return migrate_command.main(argv, prog_name=prog, standalone_mode=False)
 
 

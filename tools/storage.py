@@ -6,8 +6,8 @@
                         [--encrypted] [--json]
     kvsaver compact DIR [--full] [--json]
 
-(``tools/cli.py``); this module runs the same three commands as
-``python -m kvsaver.tools.storage`` (``python -m tools.storage`` in a checkout).
+These are the ``kvsaver`` command's (``tools/cli.py``); this module runs the
+same three as ``python -m kvsaver.tools.storage``.
 
 ``stats`` opens the store read-only (beside running writers) and prints bytes
 on disk and live, and the largest threads. ``sweep`` applies a retention
@@ -54,7 +54,7 @@ from kvsaver.kv import KVError, PostgresStore
 from kvsaver.kv.lmdb_store import compact_lmdb
 from kvsaver.kv.postgres import is_postgres_url
 
-from .cliutil import Command, Fail, Group
+from .cliutil import Command, Fail, Group, module_prog
 
 
 @contextmanager
@@ -245,7 +245,7 @@ COMMANDS = [stats_command, sweep_command, compact_command]
 
 
 def main(argv: list[str] | None = None) -> int:
-    prog = f"python -m {__spec__.name}"  # the name it was run by (installed or a checkout)
+    prog = module_prog(__spec__)
     group = Group(prog, help=(__doc__ or "").split("\n\n")[0])
     for command in COMMANDS:
         group.add_command(command)
