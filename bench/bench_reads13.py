@@ -45,6 +45,7 @@ from _workloads import (
 )
 from kvsaver import compression as C
 from kvsaver import delta as D
+from kvsaver import heads as H
 from kvsaver import schema as S
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
@@ -89,7 +90,10 @@ def floor_reader(st: Store13, workload: str) -> Callable[[int], Any]:
     pending writes' range) and decodes them with the serializer alone (zstd,
     with the small-record dictionary where stored so, + JsonPlusSerializer),
     with every key built in advance: no saver or kv code runs in the timed
-    call, and no cache of decompressed values serves it."""
+    call, and no cache of decompressed values serves it. get_tuple latest:
+    the thread's head record (issue #13, saver/heads.py) instead of the
+    blobs: the record by one reverse step, the head by key, compared, its
+    payload decoded by the serializer in one call, and the writes' range."""
     saver: Any = st.saver
     env = saver.store._env.env
     serde = JsonPlusSerializer()
@@ -170,6 +174,36 @@ def floor_reader(st: Store13, workload: str) -> Callable[[int], Any]:
 
     if workload == "list:filter":
         return read_filtered
+
+    if workload == "get_tuple:latest":
+        heads = [
+            (where, H.head_key(cfg["configurable"]["thread_id"], ""), per[0][1])
+            for cfg, (_, where, per) in zip(cfgs, plans)
+        ]
+
+        def read_head(i: int) -> Any:
+            where, hkey, wrange = heads[i % len(heads)]
+            with env.begin() as txn:
+                cur = txn.cursor()
+                cur.set_range(where)
+                cur.prev()
+                raw = cur.value()
+                rec = ormsgpack.unpackb(raw)
+                head = txn.get(hkey)
+                body = H.payload(head, raw)
+                assert body is not None, "the store has no head for this thread"
+                metadata, checkpoint = serde.loads_typed(("msgpack", bytes(body)))
+                writes = []
+                cur = txn.cursor()
+                if cur.set_range(wrange[0]):
+                    for key, w in cur:
+                        if key >= wrange[1]:
+                            break
+                        task, channel, wt, wb, _, _ = ormsgpack.unpackb(w)
+                        writes.append((task, channel, load(wt, wb)))
+                return rec, checkpoint, metadata, writes
+
+        return read_head
 
     def read(i: int) -> Any:
         by_key, where, per = plans[i % len(plans)]

@@ -919,13 +919,15 @@ def reads13_section(groups: dict) -> list[str]:
         "",
         f"`{READ_FLOOR}` (get_tuple and list rows): the floor of KVSaver's layout, timed "
         "in the same rounds: a raw py-lmdb transaction that reads exactly the records "
-        "KVSaver reads (per checkpoint: the record, the 10 channel blobs, the writes' range) "
-        "with "
+        "KVSaver reads (per checkpoint: the record, the 10 channel blobs, the writes' range; "
+        "get_tuple latest: the record, the thread's head record holding that checkpoint "
+        "whole, and the writes' range) with "
         "every key built in advance, decoded by the serializer alone (zstd, no cache, + "
         "JsonPlusSerializer). No saver or kv code runs in it, so a target below it "
-        "cannot be met by faster code on this layout; only a layout that stores "
-        "each checkpoint whole, as SqliteSaver does, could, giving up the bytes on "
-        "disk that storing each channel version once saves.",
+        "cannot be met by faster code on this layout. Each channel version is stored "
+        "once (the bytes on disk that saves); only a thread's newest checkpoint is "
+        "also kept whole (saver/heads.py), so only the latest read is served in one "
+        "get.",
         "",
         *table(
             [

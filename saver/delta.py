@@ -117,6 +117,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.constants import START
 
 from . import compression as C
+from . import heads as H
 from . import schema as S
 from ._msgpack import header, make_header
 from .compression import CompressingSerializer
@@ -218,6 +219,9 @@ class Pending(NamedTuple):
     # process cached at its previous put: (base key, base record as cached,
     # delta record). ``write`` takes it when the stored base is that record.
     spec: tuple[bytes, bytes, bytes] | None = None
+    # Issue #13: what a head record holds for this value (``heads.plain_of``):
+    # msgpack bytes, None (no value) or False (none a head can hold).
+    head: bytes | bool | None = False
 
 
 class Codec:
@@ -230,6 +234,9 @@ class Codec:
         self.comp = mid if isinstance(mid, CompressingSerializer) else None
         self.inner = self.comp.serde if self.comp is not None else mid
         self.enabled = isinstance(self.inner, JsonPlusSerializer)
+        # Head records (issue #13, ``heads``): the inner serializer's msgpack,
+        # never stored in the clear when values are encrypted.
+        self.heads = self.enabled and self.enc is None
         self.max_chain = MAX_CHAIN
         self.stride = STRIDE
         self.min_bytes = MIN_BYTES
@@ -263,6 +270,14 @@ class Codec:
             return self.serde.dumps_typed(value)
         return self.wrap_small(*self.comp.serde.dumps_typed(value), remember=remember)
 
+    def dumps_small_plain(self, value: Any) -> tuple[S.Typed, bytes | None]:
+        """(``dumps_small(value)``, the msgpack a head record holds for it or
+        None): one serialization for both (issue #13)."""
+        if not self.heads:
+            return self.dumps_small(value), None
+        typ, data = self.inner.dumps_typed(value)
+        return self.wrap_small(typ, data), H.plain_of(typ, data)
+
     def wrap_small(self, typ: str, data: bytes, *, remember: bool = True) -> S.Typed:
         """``wrap`` with ``compress_small`` for the compression."""
         if self.comp is not None:
@@ -294,6 +309,15 @@ class Codec:
         if e is None:
             raise CorruptStoreError(f"the delta value at {key!r} does not rebuild to a list")
         return "msgpack", e.plain
+
+    def head_value(self, txn: Any, key: bytes, raw: bytes | None) -> bytes | bool | None:
+        """What a head record holds for a stored blob (``heads.build``'s
+        ``stored``): its msgpack, None when it holds no value, False when it
+        is not msgpack a head can hold."""
+        typed = self.typed(txn, key, raw)
+        if typed is None:
+            return None
+        return _held(*self.unwrap(*typed))
 
     def values(
         self,
@@ -430,22 +454,31 @@ class Codec:
         ``parent_id``: a list that extends the version this process cached at
         the put of that checkpoint gets its delta made here too (``_speculate``)."""
         out = []
+        heads = self.heads
         for ch, key in S.blob_keys(thread, ns, new_versions, new=True):
             if ch not in values:
-                out.append(Pending(ch, key, S.encode_blob(None), None))
+                out.append(Pending(ch, key, S.encode_blob(None), None, None, None))
                 continue
             v = values[ch]
             if self.enabled and type(v) is list:
                 typ, data = self.inner.dumps_typed(v)
+                hb = _held(typ, data) if heads else False
                 if typ == "msgpack" and len(data) >= self.min_bytes and header(data):
                     spec = self._speculate(thread, ns, parent_id, ch, key, data)
-                    out.append(Pending(ch, key, None, data, spec))
+                    out.append(Pending(ch, key, None, data, spec, hb))
                 else:
-                    out.append(Pending(ch, key, S.encode_blob(self.wrap(typ, data)), None))
+                    raw = S.encode_blob(self.wrap(typ, data))
+                    out.append(Pending(ch, key, raw, None, None, hb))
                 continue
-            # The graph's input: read by the next step only, never by a read
-            # of a step's checkpoint (consumed, it is stored empty), so its
-            # small values cost no read a decompression.
+            if heads:  # serialized once, for the blob and for the head
+                typ, data = self.inner.dumps_typed(v)
+                hb = _held(typ, data)
+                # The graph's input: read by the next step only, never by a
+                # read of a step's checkpoint (consumed, it is stored empty),
+                # so its small values cost no read a decompression.
+                typed = self.wrap_small(typ, data) if ch == START else self.wrap(typ, data)
+                out.append(Pending(ch, key, S.encode_blob(typed), None, None, hb))
+                continue
             typed = self.dumps_small(v) if ch == START else dumps(v)
             out.append(Pending(ch, key, S.encode_blob(typed), None))
         return out
@@ -837,6 +870,13 @@ def chain_closure(blobs: Iterable[tuple[bytes, bytes]], referenced: set[bytes]) 
 
 
 _CODECS_LOCK = threading.Lock()
+
+
+def _held(typ: str, data: bytes) -> bytes | bool:
+    """``heads.plain_of``, with False (not None, which is "no value") for a
+    value a head cannot hold."""
+    plain = H.plain_of(typ, data)
+    return False if plain is None else plain
 
 
 def _no_codec() -> None:

@@ -61,6 +61,7 @@ from langgraph.checkpoint.base import (
 
 from . import compression as C
 from . import delta as D
+from . import heads as H
 from . import retention as R
 from . import schema as S
 from . import stats as ST
@@ -261,6 +262,10 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         self._last_put: OrderedDict[tuple[str, str], tuple[str, Any]] | None = (
             OrderedDict() if self._pipelined else None
         )
+        # Issue #13: (thread, ns) -> the checkpoint id its head record held when
+        # this saver last wrote or read it: a read by id looks at the head only
+        # for that id (another id is rarely the newest; the look costs a get).
+        self._head_ids: dict[tuple[str, str], str] = {}
         try:
             self._check_schema()
         except BaseException:
@@ -432,16 +437,21 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
 
     def _reader_tuple(self) -> tuple[Any, ...]:
         """``_reader_cache``, (serde, loads, typed, codec's values,
-        value_readers), made again when ``serde`` is another object."""
+        value_readers, whether head records are used), made again when
+        ``serde`` is another object."""
         cached = self._reader_cache
         if cached is None or cached[0] is not self.serde:
             codec = D.codec(self.serde)
+            fast = C.value_readers(self.serde)
             cached = self._reader_cache = (
                 self.serde,
                 C.loader(self.serde),
                 codec.typed,
                 codec.values,
-                C.value_readers(self.serde),
+                fast,
+                # head records (issue #13): read and written on local stores
+                # whose values the fast readers load
+                fast is not None and codec.heads and not self._pipelined,
             )
         return cached
 
@@ -453,26 +463,29 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         metadata: CheckpointMetadata | None = None,
         checkpoint: Checkpoint | None = None,
         stored_writes: builtins.list[S.WriteRecord] | None = None,
+        whole: bool = False,
     ) -> CheckpointTuple:
         """A stored checkpoint record -> CheckpointTuple (blobs and writes
         read in the same transaction). Used by get_tuple and list alike.
-        ``checkpoint``: ``rec.checkpoint`` already decoded (``_load_page``);
+        ``checkpoint``: ``rec.checkpoint`` already decoded (``_load_page``),
+        with its channel_values when ``whole`` (a head record's: ``_head``);
         ``stored_writes``: its ``_load_writes``, already read (``_page_writes``)."""
-        _, loads, _, load_values, fast = self._reader_tuple()
+        _, loads, _, load_values, fast, _ = self._reader_tuple()
         thread, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
         if checkpoint is None:
             checkpoint = loads(rec.checkpoint)
-        versions = checkpoint["channel_versions"]
-        keys = S.read_blob_keys(thread, ns, versions)
-        # Issue #14: on a network store the blobs are one get_many, and the
-        # writes scan, called first (and taken over by _load_writes' identical
-        # scan), travels in the same round trip. Local stores skip it.
-        if self._pipelined:
-            txn.scan(*S.writes_range(thread, ns, cid))
-        # Whole or delta values, loaded in one loop (issue #13).
-        checkpoint["channel_values"] = load_values(
-            txn, versions, keys, txn.get_many(keys), loads, fast
-        )
+        if not whole:
+            versions = checkpoint["channel_versions"]
+            keys = S.read_blob_keys(thread, ns, versions)
+            # Issue #14: on a network store the blobs are one get_many, and the
+            # writes scan, called first (and taken over by _load_writes' identical
+            # scan), travels in the same round trip. Local stores skip it.
+            if self._pipelined:
+                txn.scan(*S.writes_range(thread, ns, cid))
+            # Whole or delta values, loaded in one loop (issue #13).
+            checkpoint["channel_values"] = load_values(
+                txn, versions, keys, txn.get_many(keys), loads, fast
+            )
         if stored_writes is None:
             stored_writes = self._load_writes(txn, thread, ns, cid)
         writes: list[PendingWrite] = [(w.task_id, w.channel, loads(w.value)) for w in stored_writes]
@@ -534,9 +547,46 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             raw = TH.find_record(txn, thread, ns, checkpoint_id)
             if raw is None:
                 return None
+            found = None
+            if not checkpoint_id or self._head_ids.get((thread, ns)) == checkpoint_id:
+                found = self._head(txn, thread, ns, raw)
+            if found is not None:
+                metadata, checkpoint = found
+                return self._load_tuple(
+                    txn,
+                    S.decode_checkpoint(raw),
+                    config if checkpoint_id else None,
+                    metadata,
+                    checkpoint,
+                    whole=True,
+                )
             return self._load_tuple(
                 txn, S.decode_checkpoint(raw), config if checkpoint_id else None
             )
+
+    def _head(self, txn: Any, thread: str, ns: str, raw: bytes) -> tuple[Any, Any] | None:
+        """(metadata, checkpoint with its channel_values) from the head record
+        of (thread, ns) when it holds the checkpoint whose stored record is
+        ``raw``, one unpack (issue #13, ``heads``); else None."""
+        cached = self._reader_tuple()
+        if not cached[5]:
+            return None
+        body = H.payload(txn.get(H.head_key(thread, ns)), raw)
+        if body is None:
+            return None
+        unpackb, hook, option, _ = cached[4]
+        try:
+            metadata, checkpoint = unpackb(body, ext_hook=hook, option=option)
+        except (ValueError, TypeError):
+            return None  # a damaged head: only a copy, read the blobs (the next put mends it)
+        self._remember_head(thread, ns, checkpoint["id"])
+        return metadata, checkpoint
+
+    def _remember_head(self, thread: str, ns: str, checkpoint_id: str) -> None:
+        ids = self._head_ids
+        if len(ids) >= _HEAD_IDS:
+            ids.clear()  # bounded; only a hint
+        ids[(thread, ns)] = checkpoint_id
 
     def _guess_reads(self, txn: Any, thread: str, ns: str, checkpoint_id: Any) -> None:
         """Issue #14, on a store that pipelines reads: when this saver wrote
@@ -716,12 +766,14 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         codec = D.codec(self.serde)  # kept on the serializer: one per serde
         parent_id = conf.get("checkpoint_id")
         blobs = codec.prepare(thread, ns, new_versions, values, dumps, parent_id)
+        # A small record: zstd with a dictionary (issue #15); its msgpack for the head.
+        cp_typed, cp_plain = codec.dumps_small_plain(cp)
         rec = S.make_checkpoint_record(
             thread,
             ns,
             checkpoint_id,
             parent_id,
-            codec.dumps_small(cp),  # a small record: zstd with a dictionary (issue #15)
+            cp_typed,
             get_checkpoint_metadata(config, metadata),
             dumps,
         )
@@ -731,12 +783,19 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         now = R.now_ms(self.clock)
 
         akey = S.activity_key(thread)
+        # The head record (issue #13, ``heads``): this checkpoint whole, made
+        # in the transaction from this put's bytes and the previous head's.
+        hkey = H.head_key(thread, ns) if self._reader_tuple()[5] else None
+        versions = cp.get("channel_versions") or {}
+        mine = {p.channel: (new_versions[p.channel], p.head) for p in blobs} if hkey else {}
 
         def write(txn: Any) -> None:
             # The reads of this function (touch() reads akey, the codec its
             # blobs' keys and bases) in one get_many: one round trip on a
             # network store (issue #14).
             keys = [ckey, akey, *codec.read_keys(thread, ns, parent_id, blobs)]
+            if hkey is not None:
+                keys.append(hkey)
             known = dict(zip(keys, txn.get_many(keys)))
             old = known[ckey]
             if old is not None:  # replaced: drop the old record's index entries
@@ -747,6 +806,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             for key in index:
                 txn.put(key, b"")
             TH.touch(txn, thread, now, known[akey])
+            if hkey is not None:
+                self._put_head(txn, codec, hkey, known[hkey], rec, record, cp_plain, versions, mine)
 
         # transact(): concurrent puts share one commit and one sync.
         self.store.transact(write)
@@ -755,6 +816,49 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             _remember_put(self._last_put, (thread, ns), checkpoint_id, cp.get("channel_versions"))
         self._sweeper.maybe_step(self)  # retention: a bounded step when one is due
         return _config(thread, ns, checkpoint_id)
+
+    def _put_head(
+        self,
+        txn: Any,
+        codec: D.Codec,
+        hkey: bytes,
+        previous: bytes | None,
+        rec: S.CheckpointRecord,
+        record: bytes,
+        cp_plain: bytes | None,
+        versions: Mapping[str, Any],
+        mine: Mapping[str, tuple[Any, bytes | bool | None]],
+    ) -> None:
+        """Write (or delete) the head of (thread, ns) in a put's transaction:
+        left alone when it holds a newer checkpoint than this one."""
+        parsed = H.parse(previous)
+        if parsed is not None and str(parsed[0]) > rec.checkpoint_id:
+            return
+        thread, ns = rec.thread_id, rec.checkpoint_ns
+
+        def stored(ch: str, v: Any) -> bytes | bool | None:
+            key = S.blob_key(thread, ns, ch, v)
+            return codec.head_value(txn, key, txn.get(key))
+
+        md_plain = H.plain_of(*rec.metadata)
+        head = None
+        if cp_plain is not None and md_plain is not None:
+            head = H.build(
+                record,
+                rec.checkpoint_id,
+                cp_plain,
+                md_plain,
+                versions,
+                mine,
+                previous,
+                parsed,
+                stored,
+            )
+        if head is not None:
+            txn.put(hkey, head)
+            self._remember_head(thread, ns, rec.checkpoint_id)
+        elif previous is not None:
+            txn.delete(hkey)
 
     def put_writes(
         self,
@@ -848,6 +952,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             return
 
         def copy(txn: Any) -> None:
+            txn.delete_range(*H.heads_range(dst))  # its latest may change (issue #13)
             for kind in (S.BLOB, S.WRITE):
                 sp, dp = S.thread_prefix(kind, src), S.thread_prefix(kind, dst)
                 lo, hi = (S.blobs_range if kind == S.BLOB else S.writes_range)(src)
@@ -1291,6 +1396,9 @@ class _Opening(AbstractContextManager, AbstractAsyncContextManager):
 
 
 # -- list helpers ---------------------------------------------------------------
+
+
+_HEAD_IDS = 65_536  # KVSaver._head_ids' entries at most
 
 
 def _remember_put(

@@ -24,6 +24,10 @@ schema      ("meta", "schema")                               {"format": FORMAT_V
                                                              "upgrades": [...]}
 sweep       ("meta", "sweep")                                {"started": ms,
                                                              "completed": ms, "full": bool}
+head        ("~h", thread, ns)                               0x01, the newest
+                                                             checkpoint's record and
+                                                             its values, whole
+                                                             (``saver/heads.py``)
 ==========  ===============================================  ==========================
 
 A pending write's identity is (thread, ns, checkpoint, task_id, idx), as in
@@ -102,6 +106,14 @@ keep; overwrites first rewrite dependents whole). Older stores hold no
 delta records and read as they are; their upgrade to format 3 rewrites
 nothing (it only records that deltas may now be written, so that an older
 kvsaver refuses the store instead of failing on a delta record).
+
+**Head records** (issue #13, ``saver/heads.py``): the newest checkpoint of a
+(thread, ns), its metadata and every channel value as the serializer's
+msgpack, uncompressed, in one record that each ``put`` rewrites, so a read of
+the latest checkpoint is one get and one unpack. A copy: a read uses it only
+when the record it holds equals the checkpoint record it found, so a store
+without heads, or with heads that another writer left behind, reads the
+same; no format change (kvsavers that know no heads ignore the keyspace).
 
 Records are ormsgpack arrays; serde-typed payloads are stored as
 ``(type, bytes)`` pairs exactly as ``serde.dumps_typed`` returns them, so

@@ -16,6 +16,7 @@ from typing import Any
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from . import delta as D
+from . import heads as H
 from . import schema as S
 
 TOUCH_RESOLUTION_MS = 1000  # activity is recorded at most once a second per thread
@@ -67,22 +68,28 @@ def stored_value(
 
 
 def delete_checkpoint(txn: Any, rec: S.CheckpointRecord) -> None:
-    """Remove a checkpoint, its writes and its index entries (not blobs)."""
+    """Remove a checkpoint, its writes, its index entries and the head record
+    that holds it (not blobs)."""
     t, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
     txn.delete(S.checkpoint_key(t, ns, cid))
     for key in S.index_keys(rec):
         txn.delete(key)
     txn.delete_range(*S.writes_range(t, ns, cid))
+    hkey = H.head_key(t, ns)
+    parsed = H.parse(txn.get(hkey))
+    if parsed is not None and parsed[0] == cid:
+        txn.delete(hkey)
 
 
 def delete_thread(txn: Any, thread: str) -> None:
-    """Remove every checkpoint, blob, write and index entry of a thread."""
+    """Remove every checkpoint, blob, write, index entry and head record of a thread."""
     for _, raw in list(txn.scan(*S.checkpoints_range(thread))):
         for key in S.index_keys(S.decode_checkpoint(raw)):
             txn.delete(key)
     txn.delete_range(*S.checkpoints_range(thread))
     txn.delete_range(*S.blobs_range(thread))
     txn.delete_range(*S.writes_range(thread))
+    txn.delete_range(*H.heads_range(thread))
     forget(txn, thread)
 
 

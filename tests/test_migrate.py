@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from crafted_helpers import plant
 from kvsaver import EncryptedValueError, KVSaver
+from kvsaver import heads as H
 from kvsaver import schema as S
 from kvsaver.kv.keys import pack, prefix_range
 from kvsaver.migrate import (
@@ -188,12 +189,41 @@ def test_migrated_store_is_what_put_and_put_writes_make(graphs_db, tmp_path):
             # a migrated thread was not active now, so the migration leaves
             # that to retention, which dates such threads by their latest
             # checkpoint's ts (saver/retention.py). Everything else is equal.
-            stamped = (pack((S.ACTIVITY,)), pack((S.IDLE,)))
+            # Nor does it write head records (issue #13, saver/heads.py): a
+            # thread's head is made at its next put; reads before that are
+            # served by the blobs (test_migrated_threads_read_without_heads).
+            stamped = (pack((S.ACTIVITY,)), pack((S.IDLE,)), pack((H.HEAD,)))
             made_by_put = {
                 k: v for k, v in store_image(ref.store).items() if not k.startswith(stamped)
             }
             assert len(made_by_put) < len(store_image(ref.store))  # the stamps were there
             assert migrated == made_by_put
+    finally:
+        src.conn.close()
+
+
+def test_migrated_threads_read_without_heads_then_get_one(graphs_db, tmp_path):
+    """A migrated store has no head records; every thread reads the same as
+    in SqliteSaver, and its next put makes its head."""
+    dest = str(tmp_path / "state")
+    migrate_from_sqlite(graphs_db, dest, verify=False)
+    src = open_sqlite_saver(graphs_db)
+    try:
+        with KVSaver(dest) as kv:
+            with kv.store.read() as txn:
+                assert next(iter(txn.scan(*H.heads_range())), None) is None
+            latest = src.get_tuple({"configurable": {"thread_id": "chat-1", "checkpoint_ns": ""}})
+            assert latest is not None
+            got = kv.get_tuple(latest.config)
+            assert got is not None and got.checkpoint == latest.checkpoint
+            conf = dict(latest.config["configurable"])
+            cp = {**latest.checkpoint, "id": latest.checkpoint["id"][:-1] + "z"}
+            kv.put({"configurable": conf}, cp, latest.metadata, {})
+            with kv.store.read() as txn:
+                assert [k for k, _ in txn.scan(*H.heads_range())] == [H.head_key("chat-1", "")]
+            got = kv.get_tuple({"configurable": {"thread_id": "chat-1", "checkpoint_ns": ""}})
+            assert got is not None
+            assert got.checkpoint["channel_values"] == latest.checkpoint["channel_values"]
     finally:
         src.conn.close()
 

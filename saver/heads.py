@@ -1,0 +1,226 @@
+"""Head records: a thread's newest checkpoint, whole and uncompressed, in one
+record (issue #13).
+
+A read of a thread's latest checkpoint (every ``invoke``, every
+``get_state``) otherwise gets the record, keys and gets one blob per
+channel, rebuilds delta'd lists and decompresses zstd frames, then unpacks
+each value: on issue #13's 13 KB checkpoints about twice SqliteSaver's time,
+which stores each checkpoint whole. Storing every checkpoint whole would
+give up what deltas and compression save on disk (issue #15), so only the
+newest checkpoint of each (thread, namespace) is kept whole, here, in one
+record that ``put`` rewrites in the same transaction as the checkpoint:
+
+    key   ("~h", thread, ns)   -- "~" sorts after every other keyspace, so
+                                  heads never land in the middle of another
+                                  keyspace's pages
+    value 0x01 | u32 n | the checkpoint's stored record (n bytes)
+               | u16 m | msgpack [checkpoint id, values_at,
+                                  [[channel, version, start, end], ...]]
+               | payload: msgpack [metadata, checkpoint with channel_values]
+
+The payload is spliced from bytes the put made anyway (the serializer's
+msgpack of each changed value, of the checkpoint and of the metadata; an
+unchanged channel's value from the previous head, found by its version), so
+a read unpacks it in one call. ``start``/``end`` locate each value after
+``values_at`` in the payload, for the next put (equal: a version with no
+value).
+
+**Never stale.** A read uses a head only when the record it holds is, byte
+for byte, the record the read found (the latest by its key, or the one named
+by id); anything else (a head another kvsaver version did not update, a
+pruned or replaced checkpoint, a head of a fork) falls back to the blobs. A
+put writes no head for a checkpoint older than the head's, and deletes the
+head when it cannot make one (a value that is not msgpack, a value too large:
+``MAX_BYTES``), so the record bytes it holds are always its own.
+
+**When there are none.** Values encrypted (a head would hold them in the
+clear), a serializer other than ``JsonPlusSerializer`` (its bytes are not
+known to be msgpack), or a network store (issue #14: each put would send
+the whole checkpoint again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import ormsgpack
+from kvsaver.kv.keys import prefix_range
+
+from . import schema as S
+
+__all__ = ["HEAD", "MAX_BYTES", "build", "head_key", "heads_range", "parse", "payload", "plain_of"]
+
+HEAD = "~h"
+# A head is written while the checkpoint's values fit in this: a long chat's
+# message list outgrows it (its reads are served by deltas and the cache), and
+# a put then writes no head (issue #15's bytes: one uncompressed copy each).
+MAX_BYTES = 32 * 1024
+_VERSION = b"\x01"
+_NIL = b"\xc0"
+
+
+def head_key(thread: str, ns: str) -> bytes:
+    return S._thread_ns_prefix(HEAD, thread, ns)
+
+
+def heads_range(thread: str | None = None) -> tuple[bytes, bytes]:
+    """Every head (of one thread)."""
+    return prefix_range((HEAD,) if thread is None else (HEAD, S.k(thread)))
+
+
+def plain_of(typ: str, data: bytes) -> bytes | None:
+    """The msgpack a head stores for a value the serializer made as (typ,
+    data), or None when msgpack cannot say it with the same result."""
+    if typ == "msgpack":
+        return data
+    if typ == "null":
+        return _NIL
+    if typ == "bytes":
+        return ormsgpack.packb(data)
+    return None
+
+
+def payload(head: bytes | None, record: bytes) -> memoryview | None:
+    """The payload of ``head`` when it is the head of ``record`` (the stored
+    bytes of the checkpoint found), else None."""
+    if head is None or head[:1] != _VERSION:
+        return None
+    n = int.from_bytes(head[1:5], "big")
+    if head[5 : 5 + n] != record:
+        return None
+    at = 5 + n
+    m = int.from_bytes(head[at : at + 2], "big")
+    return memoryview(head)[at + 2 + m :]
+
+
+def parse(head: bytes | None) -> tuple[Any, int, list[list[Any]], int] | None:
+    """(checkpoint id, where the values start in the payload, [[channel,
+    version, start, end], ...], where the payload starts) of a stored head;
+    None for none, or a damaged one (only a copy, which the put replaces)."""
+    if head is None or head[:1] != _VERSION:
+        return None
+    n = int.from_bytes(head[1:5], "big")
+    at = 5 + n
+    m = int.from_bytes(head[at : at + 2], "big")
+    try:
+        cid, values_at, entries = ormsgpack.unpackb(head[at + 2 : at + 2 + m])
+    except (ValueError, TypeError):
+        return None
+    return cid, values_at, entries, at + 2 + m
+
+
+def _previous(head: bytes | None, parsed: Any) -> dict[tuple[str, Any], Any]:
+    """{(channel, version): its value's bytes in ``head``, or None: no value}."""
+    if head is None or parsed is None:
+        return {}
+    view, base = memoryview(head), parsed[3] + parsed[1]
+    return {(c, w): view[base + a : base + b] if a != b else None for c, w, a, b in parsed[2]}
+
+
+def _map_header(n: int) -> bytes:
+    if n < 16:
+        return bytes((0x80 | n,))
+    if n < 1 << 16:
+        return b"\xde" + n.to_bytes(2, "big")
+    return b"\xdf" + n.to_bytes(4, "big")
+
+
+def _map_body(data: bytes) -> tuple[int, memoryview] | None:
+    """(entry count, entries) of a msgpack map, else None."""
+    b = data[:1]
+    if not b:
+        return None
+    c = b[0]
+    if 0x80 <= c <= 0x8F:
+        return c & 0x0F, memoryview(data)[1:]
+    if c == 0xDE:
+        return int.from_bytes(data[1:3], "big"), memoryview(data)[3:]
+    if c == 0xDF:
+        return int.from_bytes(data[1:5], "big"), memoryview(data)[5:]
+    return None
+
+
+def build(
+    record: bytes,
+    checkpoint_id: str,
+    checkpoint_plain: bytes,
+    metadata_plain: bytes,
+    versions: Mapping[str, Any],
+    mine: Mapping[str, tuple[Any, bytes | bool | None]],
+    previous: bytes | None,
+    parsed: tuple[Any, int, list[list[Any]], int] | None,
+    stored: Any,
+) -> bytes | None:
+    """The head of a checkpoint being put, or None when it cannot have one.
+
+    ``versions``: its channel_versions; ``mine``: channel -> (version, head
+    bytes, None: no value, or False: not one a head can hold) of the values
+    this put writes; an other channel's value comes from ``previous`` (the
+    stored head, ``parsed`` by ``parse``) when it holds that version, else
+    from ``stored(channel, version)``: what ``mine`` would say of the stored
+    blob. One pass: a put whose values outgrow ``MAX_BYTES`` (a long chat's
+    message list) stops there."""
+    cp = _map_body(checkpoint_plain)
+    if cp is None:
+        return None
+    prev: dict[tuple[str, Any], Any] | None = None
+    keys = _KEYS
+    parts: list[Any] = []
+    entries: list[tuple[str, Any, int, int]] = []
+    at = size = 0  # offsets from the first value's key
+    for ch, v in versions.items():
+        got = mine.get(ch)
+        if got is not None and got[0] == v:
+            value = got[1]
+        else:
+            if prev is None:
+                prev = _previous(previous, parsed)
+            value = prev.get((ch, v), _MISSING)
+            if value is _MISSING:
+                value = stored(ch, v)
+        if value is None:  # no value: recorded, so the next put need not look
+            entries.append((ch, v, at, at))
+            continue
+        if value is False or value is True:
+            return None
+        n = len(value)
+        size += n
+        if size > MAX_BYTES:
+            return None
+        key = keys.get(ch)
+        if key is None:
+            if len(keys) > 4096:
+                keys.clear()
+            key = keys[ch] = ormsgpack.packb(ch)
+        at += len(key)
+        entries.append((ch, v, at, at + n))
+        at += n
+        parts.append(key)
+        parts.append(value)
+    values_header = _map_header(len(parts) // 2)
+    start: list[bytes | memoryview] = [
+        b"\x92",
+        metadata_plain,
+        _map_header(cp[0] + 1),
+        cp[1],
+        _VALUES_KEY,
+        values_header,
+    ]
+    hdr = ormsgpack.packb((checkpoint_id, sum(map(len, start)), entries))
+    return b"".join(
+        [
+            _VERSION,
+            len(record).to_bytes(4, "big"),
+            record,
+            len(hdr).to_bytes(2, "big"),
+            hdr,
+            *start,
+            *parts,
+        ]
+    )
+
+
+_MISSING: Any = object()
+_KEYS: dict[str, bytes] = {}  # channel name -> its msgpack (a graph has a few)
+_VALUES_KEY = ormsgpack.packb("channel_values")
