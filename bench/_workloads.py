@@ -32,6 +32,7 @@ from langgraph.graph.message import add_messages
 
 KV_LMDB = "kvsaver-lmdb"
 KV_MEM = "kvsaver-memory"
+KV_WHOLE = "kvsaver-lmdb-whole"  # KVSaver(dir, whole_latest=True): issue #13 read rows only
 SQLITE = "sqlite"
 INMEM = "inmemory"
 SAVERS = [KV_LMDB, KV_MEM, SQLITE, INMEM]
@@ -44,6 +45,8 @@ def make_saver(name: str, workdir: str, **kv_options: Any) -> BaseCheckpointSave
     empty directory for the on-disk savers."""
     if name == KV_LMDB:
         return KVSaver(os.path.join(workdir, "kv"), **kv_options)
+    if name == KV_WHOLE:  # whole_latest=True (issue #13, saver/heads.py)
+        return KVSaver(os.path.join(workdir, "kv"), whole_latest=True, **kv_options)
     if name == KV_MEM:
         return KVSaver(":memory:")
     if name == SQLITE:
@@ -291,7 +294,7 @@ def populate(saver: BaseCheckpointSaver, *, tag_threads: bool = True) -> tuple[d
 def build_read_store(name: str, workdir: str) -> ReadStore:
     """Build fast (no fsync while building), then reopen with the defaults."""
     t0 = time.perf_counter()
-    if name == KV_LMDB:
+    if name in (KV_LMDB, KV_WHOLE):
         builder = make_saver(name, workdir, durability="none")
         latest, by_id, n = populate(builder)
         builder.store.sync()  # type: ignore[attr-defined]

@@ -12,6 +12,10 @@ Groups (one call = one round; the numbers are in extra_info):
   reads13:list:filter        list(None, filter={"source": "input"}): one
                              checkpoint per thread, ~1,000 in all
 
+Savers: KVSaver (LMDB, defaults), SqliteSaver, and in the get_tuple groups
+KVSaver(dir, whole_latest=True) (``kvsaver-lmdb-whole``: each thread's newest
+checkpoint also kept whole, saver/heads.py), each on a store it wrote itself.
+
 extra_info, per saver: the median per operation over rounds (wall clock and
 CPU time of the thread), and the median over rounds of the per-round ratio to
 SqliteSaver (``x_sqlite``, wall; ``x_sqlite_cpu``, CPU): the report's targets
@@ -33,6 +37,7 @@ import pytest
 import zstandard
 from _workloads import (
     KV_LMDB,
+    KV_WHOLE,
     R13_FILTER,
     R13_THREADS,
     SQLITE,
@@ -51,7 +56,10 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 QUICK = bool(os.environ.get("KVSAVER_BENCH_QUICK"))
 THREADS = 100 if QUICK else R13_THREADS
-SAVERS13 = [KV_LMDB, SQLITE]
+SAVERS13 = [KV_LMDB, SQLITE, KV_WHOLE]
+# whole_latest=True (saver/heads.py) changes only what get_tuple reads
+WHOLE_WORKLOADS = ("get_tuple:latest", "get_tuple:by_id")
+HEAD_FLOOR = "floor:head"
 # workload: (one operation on call number i, operations per saver per round, rounds)
 WORKLOADS: dict[str, tuple[Callable[[Store13, int], Any], int, int]] = {
     "get_tuple:latest": (lambda st, i: st.saver.get_tuple(st.latest[i % len(st.latest)]), 25, 30),
@@ -82,7 +90,7 @@ def stores13(tmp_path_factory: Any) -> Any:
 FLOOR = "floor:lmdb+serde"
 
 
-def floor_reader(st: Store13, workload: str) -> Callable[[int], Any]:
+def floor_reader(st: Store13, workload: str, head: bool = False) -> Callable[[int], Any]:
     """The floor of a read on KVSaver's layout: a raw py-lmdb read
     transaction that fetches exactly the records KVSaver fetches (a latest
     record by one reverse cursor step, a record by key, or a thread's 10
@@ -90,10 +98,11 @@ def floor_reader(st: Store13, workload: str) -> Callable[[int], Any]:
     pending writes' range) and decodes them with the serializer alone (zstd,
     with the small-record dictionary where stored so, + JsonPlusSerializer),
     with every key built in advance: no saver or kv code runs in the timed
-    call, and no cache of decompressed values serves it. get_tuple latest:
-    the thread's head record (issue #13, saver/heads.py) instead of the
-    blobs: the record by one reverse step, the head by key, compared, its
-    payload decoded by the serializer in one call, and the writes' range."""
+    call, and no cache of decompressed values serves it. ``head=True`` (get_tuple latest of a
+    store written with ``whole_latest=True``): the thread's head record
+    (saver/heads.py) instead of the blobs: the record by one reverse step, the
+    head by key, compared, its payload decoded by the serializer in one call,
+    and the writes' range."""
     saver: Any = st.saver
     env = saver.store._env.env
     serde = JsonPlusSerializer()
@@ -175,7 +184,7 @@ def floor_reader(st: Store13, workload: str) -> Callable[[int], Any]:
     if workload == "list:filter":
         return read_filtered
 
-    if workload == "get_tuple:latest":
+    if head:
         heads = [
             (where, H.head_key(cfg["configurable"]["thread_id"], ""), per[0][1])
             for cfg, (_, where, per) in zip(cfgs, plans)
@@ -192,7 +201,7 @@ def floor_reader(st: Store13, workload: str) -> Callable[[int], Any]:
                 head = txn.get(hkey)
                 body = H.payload(head, raw)
                 assert body is not None, "the store has no head for this thread"
-                metadata, checkpoint = serde.loads_typed(("msgpack", bytes(body)))
+                parent, metadata, checkpoint = serde.loads_typed(("msgpack", bytes(body)))
                 writes = []
                 cur = txn.cursor()
                 if cur.set_range(wrange[0]):
@@ -201,7 +210,7 @@ def floor_reader(st: Store13, workload: str) -> Callable[[int], Any]:
                             break
                         task, channel, wt, wb, _, _ = ormsgpack.unpackb(w)
                         writes.append((task, channel, load(wt, wb)))
-                return rec, checkpoint, metadata, writes
+                return rec, parent, checkpoint, metadata, writes
 
         return read_head
 
@@ -224,9 +233,13 @@ def floor_reader(st: Store13, workload: str) -> Callable[[int], Any]:
 @pytest.mark.parametrize("workload", list(WORKLOADS))
 def test_reads13(benchmark: Any, stores13: dict[str, Store13], workload: str) -> None:
     op, n, rounds = WORKLOADS[workload]
-    names = list(stores13)
+    names = [n for n in stores13 if n != KV_WHOLE or workload in WHOLE_WORKLOADS]
     floor = floor_reader(stores13[KV_LMDB], workload)
     names.append(FLOOR)
+    floors = {FLOOR: floor}
+    if workload == "get_tuple:latest":  # the floor of whole_latest's layout
+        floors[HEAD_FLOOR] = floor_reader(stores13[KV_WHOLE], workload, head=True)
+        names.append(HEAD_FLOOR)
     wall: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
     # Time the garbage collector spends inside each saver's timed calls, by
@@ -255,10 +268,10 @@ def test_reads13(benchmark: Any, stores13: dict[str, Store13], workload: str) ->
             gc.collect()  # each saver's calls start from the same collector state
             timing[0] = name if r > 0 else None
             w0, c0 = time.perf_counter(), time.thread_time()
-            if name == FLOOR:
-                assert floor is not None
+            if name in floors:
+                read = floors[name]
                 for i in range(first, first + n):
-                    floor(i)
+                    read(i)
             else:
                 st = stores13[name]
                 for i in range(first, first + n):

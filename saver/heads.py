@@ -16,7 +16,7 @@ record that ``put`` rewrites in the same transaction as the checkpoint:
     value 0x01 | u32 n | the checkpoint's stored record (n bytes)
                | u16 m | msgpack [checkpoint id, values_at,
                                   [[channel, version, start, end], ...]]
-               | payload: msgpack [metadata, checkpoint with channel_values]
+               | payload: msgpack [parent id, metadata, checkpoint with channel_values]
 
 The payload is spliced from bytes the put made anyway (the serializer's
 msgpack of each changed value, of the checkpoint and of the metadata; an
@@ -115,6 +115,8 @@ def _previous(head: bytes | None, parsed: Any) -> dict[tuple[str, Any], Any]:
     if head is None or parsed is None:
         return {}
     view, base = memoryview(head), parsed[3] + parsed[1]
+    if any(base + b > len(head) for _, _, _, b in parsed[2]):
+        return {}  # damaged (cut short): nothing is taken from it
     return {(c, w): view[base + a : base + b] if a != b else None for c, w, a, b in parsed[2]}
 
 
@@ -144,6 +146,7 @@ def _map_body(data: bytes) -> tuple[int, memoryview] | None:
 def build(
     record: bytes,
     checkpoint_id: str,
+    parent_id: str | None,
     checkpoint_plain: bytes,
     metadata_plain: bytes,
     versions: Mapping[str, Any],
@@ -200,7 +203,8 @@ def build(
         parts.append(value)
     values_header = _map_header(len(parts) // 2)
     start: list[bytes | memoryview] = [
-        b"\x92",
+        b"\x93",
+        ormsgpack.packb(parent_id),
         metadata_plain,
         _map_header(cp[0] + 1),
         cp[1],

@@ -189,6 +189,13 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             Puts that wait for one commit share it, so more threads mean
             fewer flushes under concurrent ``ainvoke``s, and a longer worst
             wait of the event loop for the GIL (see ``_run``).
+        whole_latest: also keep each thread's newest checkpoint whole, in one
+            uncompressed record that every ``put`` rewrites (``saver.heads``),
+            so ``get_tuple`` of the latest is one lookup and one decode: about
+            half the read, for a copy of the state in every put (about a tenth
+            more graph overhead at full durability). For stores read more than
+            written (``get_state`` polling, reader processes). Local stores only;
+            not with encrypted values.
         **store_options: options of the backend's store, checked against
             what that backend takes (``_BACKENDS``): for LMDB ``map_size``
             and ``max_readers`` (``kv.LMDBStore``), for a PostgreSQL URL
@@ -216,6 +223,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         retention: R.Retention | Mapping[str, Any] | None = None,
         clock: Callable[[], float] | None = None,
         async_threads: int | None = _ASYNC_THREADS,
+        whole_latest: bool = False,
         **store_options: Any,
     ) -> None:
         # Store options given explicitly (None is each backend's default).
@@ -232,6 +240,9 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 f"async_threads must be an int from 1 to 1024 or None, got {async_threads!r}"
             )
         self._async_threads = async_threads
+        if type(whole_latest) is not bool:
+            raise ValueError(f"whole_latest must be True or False, got {whole_latest!r}")
+        self._whole_latest = whole_latest
         self._backend = _choose_backend(path_or_store, backend, readonly, given)
         super().__init__(serde=serde)
         # Always wrapped, also with compress=False: values stored compressed
@@ -449,9 +460,9 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 codec.typed,
                 codec.values,
                 fast,
-                # head records (issue #13): read and written on local stores
-                # whose values the fast readers load
-                fast is not None and codec.heads and not self._pipelined,
+                # head records (issue #13): read and written with whole_latest,
+                # on local stores whose values the fast readers load
+                self._whole_latest and fast is not None and codec.heads and not self._pipelined,
             )
         return cached
 
@@ -551,10 +562,10 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             if not checkpoint_id or self._head_ids.get((thread, ns)) == checkpoint_id:
                 found = self._head(txn, thread, ns, raw)
             if found is not None:
-                metadata, checkpoint = found
+                parent, metadata, checkpoint = found
                 return self._load_tuple(
                     txn,
-                    S.decode_checkpoint(raw),
+                    S.bare_record(thread, ns, checkpoint["id"], parent),
                     config if checkpoint_id else None,
                     metadata,
                     checkpoint,
@@ -564,8 +575,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 txn, S.decode_checkpoint(raw), config if checkpoint_id else None
             )
 
-    def _head(self, txn: Any, thread: str, ns: str, raw: bytes) -> tuple[Any, Any] | None:
-        """(metadata, checkpoint with its channel_values) from the head record
+    def _head(self, txn: Any, thread: str, ns: str, raw: bytes) -> tuple[Any, Any, Any] | None:
+        """(parent id, metadata, checkpoint with its channel_values) from the head record
         of (thread, ns) when it holds the checkpoint whose stored record is
         ``raw``, one unpack (issue #13, ``heads``); else None."""
         cached = self._reader_tuple()
@@ -576,11 +587,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             return None
         unpackb, hook, option, _ = cached[4]
         try:
-            metadata, checkpoint = unpackb(body, ext_hook=hook, option=option)
+            found = unpackb(body, ext_hook=hook, option=option)
+            _, _, checkpoint = found
         except (ValueError, TypeError):
             return None  # a damaged head: only a copy, read the blobs (the next put mends it)
         self._remember_head(thread, ns, checkpoint["id"])
-        return metadata, checkpoint
+        return found
 
     def _remember_head(self, thread: str, ns: str, checkpoint_id: str) -> None:
         ids = self._head_ids
@@ -785,9 +797,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         akey = S.activity_key(thread)
         # The head record (issue #13, ``heads``): this checkpoint whole, made
         # in the transaction from this put's bytes and the previous head's.
-        hkey = H.head_key(thread, ns) if self._reader_tuple()[5] else None
+        # Without whole_latest a put still removes a head another saver made
+        # (it would go stale), so a local store always looks it up.
+        heads = self._reader_tuple()[5]
+        hkey = None if self._pipelined else H.head_key(thread, ns)
         versions = cp.get("channel_versions") or {}
-        mine = {p.channel: (new_versions[p.channel], p.head) for p in blobs} if hkey else {}
+        mine = {p.channel: (new_versions[p.channel], p.head) for p in blobs} if heads else {}
 
         def write(txn: Any) -> None:
             # The reads of this function (touch() reads akey, the codec its
@@ -806,8 +821,11 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             for key in index:
                 txn.put(key, b"")
             TH.touch(txn, thread, now, known[akey])
-            if hkey is not None:
+            if heads:
+                assert hkey is not None  # heads: a local store
                 self._put_head(txn, codec, hkey, known[hkey], rec, record, cp_plain, versions, mine)
+            elif hkey is not None and known[hkey] is not None:
+                txn.delete(hkey)
 
         # transact(): concurrent puts share one commit and one sync.
         self.store.transact(write)
@@ -833,6 +851,11 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         left alone when it holds a newer checkpoint than this one."""
         parsed = H.parse(previous)
         if parsed is not None and str(parsed[0]) > rec.checkpoint_id:
+            # A newer checkpoint's head stays, unless this put rewrote a
+            # version it holds (versions that are not unique, as in tests).
+            held = {(e[0], e[1]) for e in parsed[2]}
+            if any((ch, v) in held for ch, (v, _) in mine.items()):
+                txn.delete(hkey)
             return
         thread, ns = rec.thread_id, rec.checkpoint_ns
 
@@ -846,6 +869,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             head = H.build(
                 record,
                 rec.checkpoint_id,
+                rec.parent_id,
                 cp_plain,
                 md_plain,
                 versions,

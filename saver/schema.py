@@ -591,6 +591,16 @@ def decode_checkpoint(raw: bytes) -> CheckpointRecord:
 _new_tuple = tuple.__new__
 
 
+def bare_record(
+    thread: str, ns: str, checkpoint_id: str, parent_id: str | None
+) -> CheckpointRecord:
+    """A CheckpointRecord with only its identity (a head record's read, which
+    has the checkpoint and metadata decoded already: ``heads``)."""
+    return _new_tuple(
+        CheckpointRecord, (thread, ns, checkpoint_id, parent_id, None, None, None, [])
+    )
+
+
 def encode_blob(typed: Typed | None) -> bytes:
     """``type`` (ASCII, never containing NUL), ``\x00``, then the serialized
     bytes: no envelope to decode on the read path, which loads every channel."""

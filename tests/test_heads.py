@@ -1,5 +1,6 @@
-"""Head records (issue #13, saver/heads.py): a thread's newest checkpoint
-whole in one record, read by get_tuple instead of its blobs.
+"""Head records (issue #13, saver/heads.py; ``whole_latest=True``): a
+thread's newest checkpoint whole in one record, read by get_tuple instead of
+its blobs.
 
 What must hold: a read through a head returns exactly what the blobs give
 (every value type, forks, namespaces, hostile ids); a head is used only for
@@ -71,7 +72,7 @@ def put(
 @pytest.mark.parametrize("backend", LOCAL)
 @pytest.mark.parametrize("thread", HOSTILE)
 def test_latest_is_served_from_the_head(tmp_path: Path, backend: str, thread: str) -> None:
-    with open_kv(backend, tmp_path) as saver:
+    with open_kv(backend, tmp_path, whole_latest=True) as saver:
         put(saver, thread, "1", {"a": [1, 2], "b": "x"}, {"a": "1", "b": "1"}, {"a": "1", "b": "1"})
         put(saver, thread, "2", {"a": [1, 2, 3], "b": "x"}, {"a": "2", "b": "1"}, {"a": "2"}, "1")
         saver.put_writes(config(thread, "", "2"), [("a", 4), ("b", None)], "task")
@@ -90,10 +91,10 @@ def test_latest_is_served_from_the_head(tmp_path: Path, backend: str, thread: st
 def test_another_saver_reads_by_id_the_same(tmp_path: Path) -> None:
     """A saver that did not write the head reads by id through the blobs,
     then (once it has read the latest) through the head: the same tuple."""
-    with open_kv("lmdb", tmp_path / "a") as saver:
+    with open_kv("lmdb", tmp_path / "a", whole_latest=True) as saver:
         put(saver, "t", "1", {"a": [1]}, {"a": "1"}, {"a": "1"})
         put(saver, "t", "2", {"a": [1, 2]}, {"a": "2"}, {"a": "2"}, "1")
-    with KVSaver(tmp_path / "a" / "lmdb") as other:
+    with KVSaver(tmp_path / "a" / "lmdb", whole_latest=True) as other:
         by_id = tuple_dict(other.get_tuple(config("t", "", "2")))
         assert by_id == from_blobs(other, config("t", "", "2"))
         other.get_tuple(config("t"))
@@ -117,7 +118,7 @@ def test_random_puts_read_the_same_through_heads(tmp_path: Path) -> None:
         [],
         ["m"] * 3,
     ]
-    with open_kv("lmdb", tmp_path) as saver:
+    with open_kv("lmdb", tmp_path, whole_latest=True) as saver:
         ids: dict[tuple[str, str], list[str]] = {}
         state: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {}
         n = 0
@@ -153,7 +154,7 @@ def test_random_puts_read_the_same_through_heads(tmp_path: Path) -> None:
 
 
 def test_a_stale_head_is_not_served(tmp_path: Path) -> None:
-    with open_kv("lmdb", tmp_path) as saver:
+    with open_kv("lmdb", tmp_path, whole_latest=True) as saver:
         put(saver, "t", "1", {"a": 1}, {"a": "1"}, {"a": "1"})
         head_of_1 = heads(saver)[("t", "")]
         put(saver, "t", "2", {"a": 2}, {"a": "2"}, {"a": "2"}, "1")
@@ -169,7 +170,7 @@ def test_a_stale_head_is_not_served(tmp_path: Path) -> None:
 
 
 def test_a_put_of_an_older_checkpoint_keeps_the_newer_head(tmp_path: Path) -> None:
-    with open_kv("lmdb", tmp_path) as saver:
+    with open_kv("lmdb", tmp_path, whole_latest=True) as saver:
         put(saver, "t", "2", {"a": 2}, {"a": "2"}, {"a": "2"})
         put(saver, "t", "1", {"a": 1}, {"a": "1"}, {"a": "1"})
         assert H.parse(heads(saver)[("t", "")]) is not None
@@ -181,7 +182,7 @@ def test_a_put_of_an_older_checkpoint_keeps_the_newer_head(tmp_path: Path) -> No
 
 def test_too_large_a_checkpoint_has_no_head(tmp_path: Path) -> None:
     big = "z" * (H.MAX_BYTES + 1)
-    with open_kv("lmdb", tmp_path) as saver:
+    with open_kv("lmdb", tmp_path, whole_latest=True) as saver:
         put(saver, "t", "1", {"a": 1}, {"a": "1"}, {"a": "1"})
         assert heads(saver)
         put(saver, "t", "2", {"a": big}, {"a": "2"}, {"a": "2"}, "1")
@@ -193,7 +194,7 @@ def test_too_large_a_checkpoint_has_no_head(tmp_path: Path) -> None:
 
 
 def test_deletes_leave_no_head(tmp_path: Path) -> None:
-    with open_kv("lmdb", tmp_path) as saver:
+    with open_kv("lmdb", tmp_path, whole_latest=True) as saver:
         for t in ("t", "u"):
             put(saver, t, "1", {"a": 1}, {"a": "1"}, {"a": "1"}, run_id="r1")
             put(saver, t, "2", {"a": 2}, {"a": "2"}, {"a": "2"}, "1", run_id="r2")
@@ -213,7 +214,7 @@ def test_deletes_leave_no_head(tmp_path: Path) -> None:
 
 def test_encrypted_values_never_reach_a_head(tmp_path: Path) -> None:
     serde = EncryptedSerializer.from_pycryptodome_aes(key=b"k" * 16)
-    with KVSaver(tmp_path / "enc", serde=serde) as saver:
+    with KVSaver(tmp_path / "enc", serde=serde, whole_latest=True) as saver:
         put(saver, "t", "1", {"a": "secret value"}, {"a": "1"}, {"a": "1"})
         assert heads(saver) == {}
         got = saver.get_tuple(config("t"))
@@ -221,8 +222,60 @@ def test_encrypted_values_never_reach_a_head(tmp_path: Path) -> None:
 
 
 def test_heads_count_in_the_thread_stats(tmp_path: Path) -> None:
-    with open_kv("lmdb", tmp_path) as saver:
+    with open_kv("lmdb", tmp_path, whole_latest=True) as saver:
         put(saver, "t", "1", {"a": "v" * 1000}, {"a": "1"}, {"a": "1"})
         head = heads(saver)[("t", "")]
         stats = saver.stats()
         assert stats.threads[0].bytes >= len(head)
+
+
+def test_off_by_default_and_a_default_put_removes_a_head(tmp_path: Path) -> None:
+    with KVSaver(tmp_path / "s") as plain:
+        put(plain, "t", "1", {"a": 1}, {"a": "1"}, {"a": "1"})
+        assert heads(plain) == {}
+    with KVSaver(tmp_path / "s", whole_latest=True) as fast:
+        put(fast, "t", "2", {"a": 2}, {"a": "2"}, {"a": "2"}, "1")
+        assert list(heads(fast)) == [("t", "")]
+    with KVSaver(tmp_path / "s") as plain:
+        # a saver without whole_latest does not keep the head, so it drops it
+        put(plain, "t", "3", {"a": 3}, {"a": "3"}, {"a": "3"}, "2")
+        assert heads(plain) == {}
+        got = plain.get_tuple(config("t"))
+        assert got is not None and got.checkpoint["channel_values"] == {"a": 3}
+
+
+def test_an_older_put_rewriting_a_held_version_drops_the_head(tmp_path: Path) -> None:
+    with open_kv("lmdb", tmp_path, whole_latest=True) as saver:
+        put(saver, "t", "2", {"a": 2}, {"a": "1"}, {"a": "1"})
+        put(saver, "t", "1", {"a": 1}, {"a": "1"}, {"a": "1"})  # same version, other value
+        assert heads(saver) == {}
+        assert tuple_dict(saver.get_tuple(config("t"))) == from_blobs(saver, config("t"))
+
+
+@pytest.mark.parametrize("bad", [1, "yes", None])
+def test_whole_latest_must_be_a_bool(tmp_path: Path, bad: Any) -> None:
+    with pytest.raises(ValueError, match="whole_latest"):
+        KVSaver(tmp_path / "s", whole_latest=bad)
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_damaged_head_is_read_around(tmp_path: Path) -> None:
+    """A head is only a copy: one that does not decode is not served (the
+    blobs are read, and a damaged blob is still a CorruptStoreError)."""
+    from kvsaver.kv import CorruptStoreError
+
+    with open_kv("lmdb", tmp_path, whole_latest=True) as saver:
+        put(saver, "t", "1", {"a": [1, 2]}, {"a": "1"}, {"a": "1"})
+        want = from_blobs(saver, config("t"))
+        head = heads(saver)[("t", "")]
+        saver.store.transact(lambda txn: txn.put(H.head_key("t", ""), head[:-3]))
+        assert tuple_dict(saver.get_tuple(config("t"))) == want
+        saver.store.transact(
+            lambda txn: txn.put(S.blob_key("t", "", "a", "1"), b"no type separator")
+        )
+        with pytest.raises(CorruptStoreError):
+            saver.get_tuple(config("t"))
+        put(saver, "t", "2", {"a": [3]}, {"a": "2"}, {"a": "2"}, "1")  # mends the head
+        drop_blobs(saver)
+        got = saver.get_tuple(config("t"))
+        assert got is not None and got.checkpoint["channel_values"] == {"a": [3]}

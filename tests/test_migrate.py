@@ -204,12 +204,12 @@ def test_migrated_store_is_what_put_and_put_writes_make(graphs_db, tmp_path):
 
 def test_migrated_threads_read_without_heads_then_get_one(graphs_db, tmp_path):
     """A migrated store has no head records; every thread reads the same as
-    in SqliteSaver, and its next put makes its head."""
+    in SqliteSaver, and its next put with whole_latest makes its head."""
     dest = str(tmp_path / "state")
     migrate_from_sqlite(graphs_db, dest, verify=False)
     src = open_sqlite_saver(graphs_db)
     try:
-        with KVSaver(dest) as kv:
+        with KVSaver(dest, whole_latest=True) as kv:
             with kv.store.read() as txn:
                 assert next(iter(txn.scan(*H.heads_range())), None) is None
             latest = src.get_tuple({"configurable": {"thread_id": "chat-1", "checkpoint_ns": ""}})
