@@ -1,10 +1,11 @@
 """Paired A/B of head records (issue #13, saver/heads.py) on the graph rows:
-this checkout's KVSaver with ``whole_latest=True`` ("new") against another
+this checkout's KVSaver with ``whole_latest=True`` ("new"; ``--default``:
+without it) against another
 checkout's KVSaver ("old", e.g. main before heads), SqliteSaver, and no
 checkpointer, in the same rounds, in an order that rotates every round.
 
     python bench/ab_heads13.py --old /tmp/old [--rounds 7] [--durability full]
-        [--workloads loop,invokes]
+        [--workloads loop,invokes] [--default]
     # /tmp/old/kvsaver_old: the other checkout's saver/ (kv/ as .kv), imports renamed
 
 Each round runs each workload of bench/_workloads.py (the agent loop;
@@ -46,13 +47,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--durability", default="full")
     ap.add_argument("--workloads", default="loop,invokes")
+    ap.add_argument(
+        "--default",
+        action="store_true",
+        help="new with its defaults (whole_latest=False): what heads cost a saver without them",
+    )
     args = ap.parse_args()
     sys.path.insert(0, args.old)
     from kvsaver_old import KVSaver as OldKVSaver
 
     def make(name: str, d: str) -> Any:
         if name == "new":
-            return KVSaver(os.path.join(d, "s"), durability=args.durability, whole_latest=True)
+            return KVSaver(
+                os.path.join(d, "s"), durability=args.durability, whole_latest=not args.default
+            )
         if name == "old":
             return OldKVSaver(os.path.join(d, "s"), durability=args.durability)
         if name == "sqlite":
