@@ -159,6 +159,10 @@ def floor_reader(st: Store13, workload: str, head: bool = False) -> Callable[[in
             else:
                 typ, _, body = b.partition(b"\x00")
                 values[ch] = load(typ.decode(), body)
+        return checkpoint, values, load(rec[6], rec[7]), writes_of(txn, wrange)
+
+    def writes_of(txn: Any, wrange: tuple[bytes, bytes]) -> list[Any]:
+        """A checkpoint's pending writes: one cursor pass over their range."""
         writes = []
         cur = txn.cursor()
         if cur.set_range(wrange[0]):
@@ -167,7 +171,7 @@ def floor_reader(st: Store13, workload: str, head: bool = False) -> Callable[[in
                     break
                 task, channel, wt, wb, _, _ = ormsgpack.unpackb(w)
                 writes.append((task, channel, load(wt, wb)))
-        return checkpoint, values, load(rec[6], rec[7]), writes
+        return writes
 
     def read_filtered(i: int) -> Any:
         # The index walk (one reverse cursor pass over its range), then each
@@ -202,15 +206,7 @@ def floor_reader(st: Store13, workload: str, head: bool = False) -> Callable[[in
                 body = H.payload(head, raw)
                 assert body is not None, "the store has no head for this thread"
                 parent, metadata, checkpoint = serde.loads_typed(("msgpack", bytes(body)))
-                writes = []
-                cur = txn.cursor()
-                if cur.set_range(wrange[0]):
-                    for key, w in cur:
-                        if key >= wrange[1]:
-                            break
-                        task, channel, wt, wb, _, _ = ormsgpack.unpackb(w)
-                        writes.append((task, channel, load(wt, wb)))
-                return rec, parent, checkpoint, metadata, writes
+                return rec, parent, checkpoint, metadata, writes_of(txn, wrange)
 
         return read_head
 

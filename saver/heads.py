@@ -48,6 +48,7 @@ import ormsgpack
 from kvsaver.kv.keys import prefix_range
 
 from . import schema as S
+from ._msgpack import make_map_header, map_header
 
 __all__ = ["HEAD", "MAX_BYTES", "build", "head_key", "heads_range", "parse", "payload", "plain_of"]
 
@@ -120,27 +121,10 @@ def _previous(head: bytes | None, parsed: Any) -> dict[tuple[str, Any], Any]:
     return {(c, w): view[base + a : base + b] if a != b else None for c, w, a, b in parsed[2]}
 
 
-def _map_header(n: int) -> bytes:
-    if n < 16:
-        return bytes((0x80 | n,))
-    if n < 1 << 16:
-        return b"\xde" + n.to_bytes(2, "big")
-    return b"\xdf" + n.to_bytes(4, "big")
-
-
 def _map_body(data: bytes) -> tuple[int, memoryview] | None:
     """(entry count, entries) of a msgpack map, else None."""
-    b = data[:1]
-    if not b:
-        return None
-    c = b[0]
-    if 0x80 <= c <= 0x8F:
-        return c & 0x0F, memoryview(data)[1:]
-    if c == 0xDE:
-        return int.from_bytes(data[1:3], "big"), memoryview(data)[3:]
-    if c == 0xDF:
-        return int.from_bytes(data[1:5], "big"), memoryview(data)[5:]
-    return None
+    found = map_header(data)
+    return None if found is None else (found[0], memoryview(data)[found[1] :])
 
 
 def build(
@@ -201,12 +185,12 @@ def build(
         at += n
         parts.append(key)
         parts.append(value)
-    values_header = _map_header(len(parts) // 2)
+    values_header = make_map_header(len(parts) // 2)
     start: list[bytes | memoryview] = [
         b"\x93",
         ormsgpack.packb(parent_id),
         metadata_plain,
-        _map_header(cp[0] + 1),
+        make_map_header(cp[0] + 1),
         cp[1],
         _VALUES_KEY,
         values_header,
