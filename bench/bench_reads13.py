@@ -190,7 +190,7 @@ def floor_reader(st: Store13, workload: str, head: bool = False) -> Callable[[in
 
     if head:
         heads = [
-            (where, H.head_key(cfg["configurable"]["thread_id"], ""), per[0][1])
+            (where, S.head_key(cfg["configurable"]["thread_id"], ""), per[0][1])
             for cfg, (_, where, per) in zip(cfgs, plans)
         ]
 

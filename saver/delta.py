@@ -107,7 +107,7 @@ import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import ormsgpack
 from kvsaver.kv import CorruptStoreError
@@ -220,8 +220,9 @@ class Pending(NamedTuple):
     # delta record). ``write`` takes it when the stored base is that record.
     spec: tuple[bytes, bytes, bytes] | None = None
     # Issue #13: what a head record holds for this value (``heads.plain_of``):
-    # msgpack bytes, None (no value) or False (none a head can hold).
-    head: bytes | bool | None = False
+    # msgpack bytes, None (no value) or False (none a head can hold, or the
+    # put makes no head).
+    head: bytes | Literal[False] | None = False
 
 
 class Codec:
@@ -234,8 +235,8 @@ class Codec:
         self.comp = mid if isinstance(mid, CompressingSerializer) else None
         self.inner = self.comp.serde if self.comp is not None else mid
         self.enabled = isinstance(self.inner, JsonPlusSerializer)
-        # Head records (issue #13, ``heads``): the inner serializer's msgpack,
-        # never stored in the clear when values are encrypted.
+        # Whether head records can be made (issue #13, ``heads``): of the
+        # inner serializer's msgpack, never in the clear when values are encrypted.
         self.heads = self.enabled and self.enc is None
         self.max_chain = MAX_CHAIN
         self.stride = STRIDE
@@ -270,11 +271,10 @@ class Codec:
             return self.serde.dumps_typed(value)
         return self.wrap_small(*self.comp.serde.dumps_typed(value), remember=remember)
 
-    def dumps_small_plain(self, value: Any) -> tuple[S.Typed, bytes | None]:
-        """(``dumps_small(value)``, the msgpack a head record holds for it or
-        None): one serialization for both (issue #13)."""
-        if not self.heads:
-            return self.dumps_small(value), None
+    def dumps_small_plain(self, value: Any) -> tuple[S.Typed, bytes | Literal[False]]:
+        """(``dumps_small(value)``, what a head record holds for it:
+        ``heads.plain_of``): one serialization for both (issue #13; only
+        when ``heads``)."""
         typ, data = self.inner.dumps_typed(value)
         return self.wrap_small(typ, data), H.plain_of(typ, data)
 
@@ -310,14 +310,11 @@ class Codec:
             raise CorruptStoreError(f"the delta value at {key!r} does not rebuild to a list")
         return "msgpack", e.plain
 
-    def head_value(self, txn: Any, key: bytes, raw: bytes | None) -> bytes | bool | None:
+    def head_value(self, txn: Any, key: bytes, raw: bytes | None) -> bytes | Literal[False] | None:
         """What a head record holds for a stored blob (``heads.build``'s
-        ``stored``): its msgpack, None when it holds no value, False when it
-        is not msgpack a head can hold."""
+        ``stored``): ``heads.plain_of`` of its value, None when it holds none."""
         typed = self.typed(txn, key, raw)
-        if typed is None:
-            return None
-        return _held(*self.unwrap(*typed))
+        return None if typed is None else H.plain_of(*self.unwrap(*typed))
 
     def values(
         self,
@@ -448,21 +445,25 @@ class Codec:
         values: Mapping[str, Any],
         dumps: Any,
         parent_id: Any = None,
+        heads: bool = False,
     ) -> list[Pending]:
         """Serialize a put's changed channels (before its transaction): a list
         of at least ``min_bytes`` becomes plain msgpack, the rest records.
         ``parent_id``: a list that extends the version this process cached at
-        the put of that checkpoint gets its delta made here too (``_speculate``)."""
+        the put of that checkpoint gets its delta made here too (``_speculate``).
+        ``heads``: the put makes a head record: each value's ``Pending.head``."""
         out = []
-        heads = self.heads
+        heads = heads and self.heads
         for ch, key in S.blob_keys(thread, ns, new_versions, new=True):
             if ch not in values:
                 out.append(Pending(ch, key, S.encode_blob(None), None, None, None))
                 continue
             v = values[ch]
+            hb: bytes | Literal[False] = False
             if self.enabled and type(v) is list:
                 typ, data = self.inner.dumps_typed(v)
-                hb = _held(typ, data) if heads else False
+                if heads:
+                    hb = H.plain_of(typ, data)
                 if typ == "msgpack" and len(data) >= self.min_bytes and header(data):
                     spec = self._speculate(thread, ns, parent_id, ch, key, data)
                     out.append(Pending(ch, key, None, data, spec, hb))
@@ -470,17 +471,16 @@ class Codec:
                     raw = S.encode_blob(self.wrap(typ, data))
                     out.append(Pending(ch, key, raw, None, None, hb))
                 continue
+            # The graph's input: read by the next step only, never by a read
+            # of a step's checkpoint (consumed, it is stored empty), so its
+            # small values cost no read a decompression.
             if heads:  # serialized once, for the blob and for the head
                 typ, data = self.inner.dumps_typed(v)
-                hb = _held(typ, data)
-                # The graph's input: read by the next step only, never by a
-                # read of a step's checkpoint (consumed, it is stored empty),
-                # so its small values cost no read a decompression.
+                hb = H.plain_of(typ, data)
                 typed = self.wrap_small(typ, data) if ch == START else self.wrap(typ, data)
-                out.append(Pending(ch, key, S.encode_blob(typed), None, None, hb))
-                continue
-            typed = self.dumps_small(v) if ch == START else dumps(v)
-            out.append(Pending(ch, key, S.encode_blob(typed), None))
+            else:
+                typed = self.dumps_small(v) if ch == START else dumps(v)
+            out.append(Pending(ch, key, S.encode_blob(typed), None, None, hb))
         return out
 
     def write(
@@ -870,13 +870,6 @@ def chain_closure(blobs: Iterable[tuple[bytes, bytes]], referenced: set[bytes]) 
 
 
 _CODECS_LOCK = threading.Lock()
-
-
-def _held(typ: str, data: bytes) -> bytes | bool:
-    """``heads.plain_of``, with False (not None, which is "no value") for a
-    value a head cannot hold."""
-    plain = H.plain_of(typ, data)
-    return False if plain is None else plain
 
 
 def _no_codec() -> None:

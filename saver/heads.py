@@ -10,9 +10,9 @@ give up what deltas and compression save on disk (issue #15), so only the
 newest checkpoint of each (thread, namespace) is kept whole, here, in one
 record that ``put`` rewrites in the same transaction as the checkpoint:
 
-    key   ("~h", thread, ns)   -- "~" sorts after every other keyspace, so
-                                  heads never land in the middle of another
-                                  keyspace's pages
+    key   ("~h", thread, ns)   -- ``schema.head_key``; "~" sorts after every
+                                  other keyspace, so heads never land in the
+                                  middle of another keyspace's pages
     value 0x01 | u32 n | the checkpoint's stored record (n bytes)
                | u16 m | msgpack [checkpoint id, values_at,
                                   [[channel, version, start, end], ...]]
@@ -42,17 +42,14 @@ the whole checkpoint again).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import ormsgpack
-from kvsaver.kv.keys import prefix_range
 
-from . import schema as S
 from ._msgpack import make_map_header, map_header
 
-__all__ = ["HEAD", "MAX_BYTES", "build", "head_key", "heads_range", "parse", "payload", "plain_of"]
+__all__ = ["MAX_BYTES", "build", "parse", "payload", "plain_of"]
 
-HEAD = "~h"
 # A head is written while the checkpoint's values fit in this: a long chat's
 # message list outgrows it (its reads are served by deltas and the cache), and
 # a put then writes no head (issue #15's bytes: one uncompressed copy each).
@@ -61,54 +58,47 @@ _VERSION = b"\x01"
 _NIL = b"\xc0"
 
 
-def head_key(thread: str, ns: str) -> bytes:
-    return S._thread_ns_prefix(HEAD, thread, ns)
-
-
-def heads_range(thread: str | None = None) -> tuple[bytes, bytes]:
-    """Every head (of one thread)."""
-    return prefix_range((HEAD,) if thread is None else (HEAD, S.k(thread)))
-
-
-def plain_of(typ: str, data: bytes) -> bytes | None:
+def plain_of(typ: str, data: bytes) -> bytes | Literal[False]:
     """The msgpack a head stores for a value the serializer made as (typ,
-    data), or None when msgpack cannot say it with the same result."""
+    data), or False when msgpack cannot say it with the same result."""
     if typ == "msgpack":
         return data
     if typ == "null":
         return _NIL
     if typ == "bytes":
         return ormsgpack.packb(data)
-    return None
+    return False
+
+
+def _frame(head: bytes | None) -> tuple[int, int] | None:
+    """(where the stored record ends, where the payload starts) of a head."""
+    if head is None or head[:1] != _VERSION:
+        return None
+    at = 5 + int.from_bytes(head[1:5], "big")
+    return at, at + 2 + int.from_bytes(head[at : at + 2], "big")
 
 
 def payload(head: bytes | None, record: bytes) -> memoryview | None:
     """The payload of ``head`` when it is the head of ``record`` (the stored
     bytes of the checkpoint found), else None."""
-    if head is None or head[:1] != _VERSION:
+    frame = _frame(head)
+    if frame is None or head is None or head[5 : frame[0]] != record:
         return None
-    n = int.from_bytes(head[1:5], "big")
-    if head[5 : 5 + n] != record:
-        return None
-    at = 5 + n
-    m = int.from_bytes(head[at : at + 2], "big")
-    return memoryview(head)[at + 2 + m :]
+    return memoryview(head)[frame[1] :]
 
 
 def parse(head: bytes | None) -> tuple[Any, int, list[list[Any]], int] | None:
     """(checkpoint id, where the values start in the payload, [[channel,
     version, start, end], ...], where the payload starts) of a stored head;
     None for none, or a damaged one (only a copy, which the put replaces)."""
-    if head is None or head[:1] != _VERSION:
+    frame = _frame(head)
+    if frame is None or head is None:
         return None
-    n = int.from_bytes(head[1:5], "big")
-    at = 5 + n
-    m = int.from_bytes(head[at : at + 2], "big")
     try:
-        cid, values_at, entries = ormsgpack.unpackb(head[at + 2 : at + 2 + m])
+        cid, values_at, entries = ormsgpack.unpackb(head[frame[0] + 2 : frame[1]])
     except (ValueError, TypeError):
         return None
-    return cid, values_at, entries, at + 2 + m
+    return cid, values_at, entries, frame[1]
 
 
 def _previous(head: bytes | None, parsed: Any) -> dict[tuple[str, Any], Any]:
@@ -134,7 +124,7 @@ def build(
     checkpoint_plain: bytes,
     metadata_plain: bytes,
     versions: Mapping[str, Any],
-    mine: Mapping[str, tuple[Any, bytes | bool | None]],
+    mine: Mapping[str, tuple[Any, bytes | Literal[False] | None]],
     previous: bytes | None,
     parsed: tuple[Any, int, list[list[Any]], int] | None,
     stored: Any,
@@ -169,7 +159,7 @@ def build(
         if value is None:  # no value: recorded, so the next put need not look
             entries.append((ch, v, at, at))
             continue
-        if value is False or value is True:
+        if value is False:
             return None
         n = len(value)
         size += n

@@ -582,7 +582,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         cached = self._reader_tuple()
         if not cached[5]:
             return None
-        body = H.payload(txn.get(H.head_key(thread, ns)), raw)
+        body = H.payload(txn.get(S.head_key(thread, ns)), raw)
         if body is None:
             return None
         unpackb, hook, option, _ = cached[4]
@@ -777,9 +777,17 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # Lists as plain msgpack: stored as deltas where they extend (issue #15).
         codec = D.codec(self.serde)  # kept on the serializer: one per serde
         parent_id = conf.get("checkpoint_id")
-        blobs = codec.prepare(thread, ns, new_versions, values, dumps, parent_id)
-        # A small record: zstd with a dictionary (issue #15); its msgpack for the head.
-        cp_typed, cp_plain = codec.dumps_small_plain(cp)
+        # whole_latest: this checkpoint whole in a head record (issue #13,
+        # ``heads``), made in the transaction from this put's bytes and the
+        # previous head's.
+        heads = self._reader_tuple()[5]
+        blobs = codec.prepare(thread, ns, new_versions, values, dumps, parent_id, heads)
+        # A small record: zstd with a dictionary (issue #15).
+        cp_plain: bytes | Literal[False] = False
+        if heads:  # and its msgpack for the head, from the same serialization
+            cp_typed, cp_plain = codec.dumps_small_plain(cp)
+        else:
+            cp_typed = codec.dumps_small(cp)
         rec = S.make_checkpoint_record(
             thread,
             ns,
@@ -795,14 +803,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         now = R.now_ms(self.clock)
 
         akey = S.activity_key(thread)
-        # The head record (issue #13, ``heads``): this checkpoint whole, made
-        # in the transaction from this put's bytes and the previous head's.
         # Without whole_latest a put still removes a head another saver made
         # (it would go stale), so a local store always looks it up.
-        heads = self._reader_tuple()[5]
-        hkey = None if self._pipelined else H.head_key(thread, ns)
-        versions = cp.get("channel_versions") or {}
-        mine = {p.channel: (new_versions[p.channel], p.head) for p in blobs} if heads else {}
+        hkey = None if self._pipelined else S.head_key(thread, ns)
+        if heads:
+            versions = cp.get("channel_versions") or {}
+            mine = {p.channel: (new_versions[p.channel], p.head) for p in blobs}
 
         def write(txn: Any) -> None:
             # The reads of this function (touch() reads akey, the codec its
@@ -843,12 +849,14 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         previous: bytes | None,
         rec: S.CheckpointRecord,
         record: bytes,
-        cp_plain: bytes | None,
+        cp_plain: bytes | Literal[False],
         versions: Mapping[str, Any],
-        mine: Mapping[str, tuple[Any, bytes | bool | None]],
+        mine: Mapping[str, tuple[Any, bytes | Literal[False] | None]],
     ) -> None:
         """Write (or delete) the head of (thread, ns) in a put's transaction:
-        left alone when it holds a newer checkpoint than this one."""
+        left alone when it holds a newer checkpoint than this one.
+        ``versions``: the checkpoint's channel_versions; ``mine``: channel ->
+        (version, ``Pending.head``) of the values this put writes."""
         parsed = H.parse(previous)
         if parsed is not None and str(parsed[0]) > rec.checkpoint_id:
             # A newer checkpoint's head stays, unless this put rewrote a
@@ -859,13 +867,13 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             return
         thread, ns = rec.thread_id, rec.checkpoint_ns
 
-        def stored(ch: str, v: Any) -> bytes | bool | None:
+        def stored(ch: str, v: Any) -> bytes | Literal[False] | None:
             key = S.blob_key(thread, ns, ch, v)
             return codec.head_value(txn, key, txn.get(key))
 
         md_plain = H.plain_of(*rec.metadata)
         head = None
-        if cp_plain is not None and md_plain is not None:
+        if cp_plain is not False and md_plain is not False:
             head = H.build(
                 record,
                 rec.checkpoint_id,
@@ -963,6 +971,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                     touched.add((rec.thread_id, rec.checkpoint_ns))
             for thread, ns in sorted(touched):
                 TH.gc_blobs(txn, self.serde, thread, ns)
+                TH.drop_stale_head(txn, thread, ns)
 
         self._maintain(delete)
 
@@ -976,7 +985,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             return
 
         def copy(txn: Any) -> None:
-            txn.delete_range(*H.heads_range(dst))  # its latest may change (issue #13)
+            txn.delete_range(*S.heads_range(dst))  # its latest may change (issue #13)
             for kind in (S.BLOB, S.WRITE):
                 sp, dp = S.thread_prefix(kind, src), S.thread_prefix(kind, dst)
                 lo, hi = (S.blobs_range if kind == S.BLOB else S.writes_range)(src)

@@ -142,6 +142,7 @@ BY_ID = "g"
 META = "m"
 ACTIVITY = "a"
 IDLE = "i"
+HEAD = "~h"  # after every other keyspace: heads never split another's pages
 EMPTY_TYPE = "empty"
 
 Typed = tuple[str, bytes]
@@ -461,6 +462,16 @@ def key_thread(key: bytes) -> Any:
     """The thread element of a checkpoint, blob, write or activity key (the
     thread id, or its surrogate when the id is too long for a key)."""
     return unpack(key)[1]
+
+
+def head_key(thread: str, ns: str) -> bytes:
+    """The head record of (thread, ns) (``saver/heads.py``)."""
+    return _thread_ns_prefix(HEAD, thread, ns)
+
+
+def heads_range(thread: str | None = None) -> tuple[bytes, bytes]:
+    """Every head record (of one thread)."""
+    return prefix_range((HEAD,) if thread is None else (HEAD, k(thread)))
 
 
 def activity_key(thread: str) -> bytes:

@@ -15,7 +15,6 @@ from typing import Any
 from kvsaver.kv import Store, SupportsDiskUsage
 from kvsaver.kv.keys import pack, unpack
 
-from . import heads as H
 from . import schema as S
 from .upgrade import LEGACY_WRITE_KEY_LEN
 
@@ -25,7 +24,7 @@ _CHUNK = 2048
 # Keyspaces whose keys name a thread; the index keyspaces (id, meta, run,
 # idle) only add to live bytes, so their keys are not unpacked (most keys of
 # a store are index keys: `kvsaver threads` runs this pass, issue #16).
-_PER_THREAD = tuple(pack((kind,)) for kind in (S.CHECKPOINT, S.WRITE, S.BLOB, S.ACTIVITY, H.HEAD))
+_PER_THREAD = tuple(pack((kind,)) for kind in (S.CHECKPOINT, S.WRITE, S.BLOB, S.ACTIVITY, S.HEAD))
 
 
 @dataclass(frozen=True)
@@ -131,7 +130,7 @@ def collect(store: Store) -> StoreStats:
             c[3] += size
             if kind == S.CHECKPOINT and isinstance(kt, bytes) and kt not in names:
                 names[kt] = S.decode_checkpoint(value).thread_id
-        elif kind == H.HEAD:  # a copy of the thread's newest checkpoint
+        elif kind == S.HEAD:  # a copy of the thread's newest checkpoint
             counts.setdefault(elements[1], [0, 0, 0, 0])[3] += size
         elif kind == S.ACTIVITY:
             ms, thread = S.decode_activity(value)

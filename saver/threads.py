@@ -68,16 +68,21 @@ def stored_value(
 
 
 def delete_checkpoint(txn: Any, rec: S.CheckpointRecord) -> None:
-    """Remove a checkpoint, its writes, its index entries and the head record
-    that holds it (not blobs)."""
+    """Remove a checkpoint, its writes and its index entries (not blobs)."""
     t, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
     txn.delete(S.checkpoint_key(t, ns, cid))
     for key in S.index_keys(rec):
         txn.delete(key)
     txn.delete_range(*S.writes_range(t, ns, cid))
-    hkey = H.head_key(t, ns)
+
+
+def drop_stale_head(txn: Any, thread: str, ns: str) -> None:
+    """Delete the head record of (thread, ns) when the checkpoint it holds is
+    gone (``delete_for_runs``; ``keep_latest`` keeps the latest, and reads
+    never serve a head whose record is not theirs: this only frees it)."""
+    hkey = S.head_key(thread, ns)
     parsed = H.parse(txn.get(hkey))
-    if parsed is not None and parsed[0] == cid:
+    if parsed is not None and txn.get(S.checkpoint_key(thread, ns, str(parsed[0]))) is None:
         txn.delete(hkey)
 
 
@@ -89,7 +94,7 @@ def delete_thread(txn: Any, thread: str) -> None:
     txn.delete_range(*S.checkpoints_range(thread))
     txn.delete_range(*S.blobs_range(thread))
     txn.delete_range(*S.writes_range(thread))
-    txn.delete_range(*H.heads_range(thread))
+    txn.delete_range(*S.heads_range(thread))
     forget(txn, thread)
 
 

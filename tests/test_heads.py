@@ -18,6 +18,7 @@ import pytest
 from kvsaver import KVSaver
 from kvsaver import heads as H
 from kvsaver import schema as S
+from kvsaver import threads as TH
 from kvsaver.kv.keys import unpack
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from saver_helpers import config, make_checkpoint, open_kv, tuple_dict
@@ -28,24 +29,20 @@ HOSTILE = ["t", "", "a\x00b", "emoji 🧵", "x" * 10_000]
 
 def heads(saver: KVSaver) -> dict[tuple[Any, ...], bytes]:
     with saver.store.read() as txn:
-        return {unpack(k)[1:]: v for k, v in txn.scan(*H.heads_range())}
+        return {unpack(k)[1:]: v for k, v in txn.scan(*S.heads_range())}
 
 
 def from_blobs(saver: KVSaver, conf: dict[str, Any]) -> dict[str, Any] | None:
     """get_tuple as it reads without head records."""
     c = conf["configurable"]
     with saver.store.read() as txn:
-        raw = saver_find(txn, c["thread_id"], c.get("checkpoint_ns", ""), c.get("checkpoint_id"))
+        raw = TH.find_record(
+            txn, c["thread_id"], c.get("checkpoint_ns", ""), c.get("checkpoint_id")
+        )
         if raw is None:
             return None
         given = conf if c.get("checkpoint_id") else None
         return tuple_dict(saver._load_tuple(txn, S.decode_checkpoint(raw), given))
-
-
-def saver_find(txn: Any, thread: str, ns: str, cid: Any) -> bytes | None:
-    from kvsaver import threads as TH
-
-    return TH.find_record(txn, thread, ns, cid)
 
 
 def drop_blobs(saver: KVSaver) -> None:
@@ -159,7 +156,7 @@ def test_a_stale_head_is_not_served(tmp_path: Path) -> None:
         head_of_1 = heads(saver)[("t", "")]
         put(saver, "t", "2", {"a": 2}, {"a": "2"}, {"a": "2"}, "1")
         # another writer (a kvsaver without heads) left the old head behind
-        saver.store.transact(lambda txn: txn.put(H.head_key("t", ""), head_of_1))
+        saver.store.transact(lambda txn: txn.put(S.head_key("t", ""), head_of_1))
         got = saver.get_tuple(config("t"))
         assert got is not None and got.checkpoint["channel_values"] == {"a": 2}
         # and the next put of the thread builds a right one from the blobs
@@ -268,7 +265,7 @@ def test_a_damaged_head_is_read_around(tmp_path: Path) -> None:
         put(saver, "t", "1", {"a": [1, 2]}, {"a": "1"}, {"a": "1"})
         want = from_blobs(saver, config("t"))
         head = heads(saver)[("t", "")]
-        saver.store.transact(lambda txn: txn.put(H.head_key("t", ""), head[:-3]))
+        saver.store.transact(lambda txn: txn.put(S.head_key("t", ""), head[:-3]))
         assert tuple_dict(saver.get_tuple(config("t"))) == want
         saver.store.transact(
             lambda txn: txn.put(S.blob_key("t", "", "a", "1"), b"no type separator")

@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from crafted_helpers import plant
 from kvsaver import EncryptedValueError, KVSaver
-from kvsaver import heads as H
 from kvsaver import schema as S
 from kvsaver.kv.keys import pack, prefix_range
 from kvsaver.migrate import (
@@ -192,7 +191,7 @@ def test_migrated_store_is_what_put_and_put_writes_make(graphs_db, tmp_path):
             # Nor does it write head records (issue #13, saver/heads.py): a
             # thread's head is made at its next put; reads before that are
             # served by the blobs (test_migrated_threads_read_without_heads).
-            stamped = (pack((S.ACTIVITY,)), pack((S.IDLE,)), pack((H.HEAD,)))
+            stamped = (pack((S.ACTIVITY,)), pack((S.IDLE,)), pack((S.HEAD,)))
             made_by_put = {
                 k: v for k, v in store_image(ref.store).items() if not k.startswith(stamped)
             }
@@ -211,7 +210,7 @@ def test_migrated_threads_read_without_heads_then_get_one(graphs_db, tmp_path):
     try:
         with KVSaver(dest, whole_latest=True) as kv:
             with kv.store.read() as txn:
-                assert next(iter(txn.scan(*H.heads_range())), None) is None
+                assert next(iter(txn.scan(*S.heads_range())), None) is None
             latest = src.get_tuple({"configurable": {"thread_id": "chat-1", "checkpoint_ns": ""}})
             assert latest is not None
             got = kv.get_tuple(latest.config)
@@ -220,7 +219,7 @@ def test_migrated_threads_read_without_heads_then_get_one(graphs_db, tmp_path):
             cp = {**latest.checkpoint, "id": latest.checkpoint["id"][:-1] + "z"}
             kv.put({"configurable": conf}, cp, latest.metadata, {})
             with kv.store.read() as txn:
-                assert [k for k, _ in txn.scan(*H.heads_range())] == [H.head_key("chat-1", "")]
+                assert [k for k, _ in txn.scan(*S.heads_range())] == [S.head_key("chat-1", "")]
             got = kv.get_tuple({"configurable": {"thread_id": "chat-1", "checkpoint_ns": ""}})
             assert got is not None
             assert got.checkpoint["channel_values"] == latest.checkpoint["channel_values"]

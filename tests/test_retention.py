@@ -13,7 +13,6 @@ from typing import Annotated, Any, TypedDict
 
 import pytest
 from kvsaver import KVSaver, Retention, threads
-from kvsaver import heads as H
 from kvsaver import schema as S
 from kvsaver.kv import MemoryStore
 from kvsaver.kv.keys import unpack
@@ -378,7 +377,7 @@ class CountingStore(MemoryStore):
 
 def _thread_of(key: bytes) -> Any:
     elements = unpack(key)
-    if elements[0] in (S.CHECKPOINT, S.BLOB, S.WRITE, S.ACTIVITY, H.HEAD):
+    if elements[0] in (S.CHECKPOINT, S.BLOB, S.WRITE, S.ACTIVITY, S.HEAD):
         return elements[1]
     if elements[0] in (S.IDLE, S.RUN):
         return elements[2]

@@ -19,7 +19,6 @@ import lmdb
 import pytest
 from crafted_helpers import plant
 from kvsaver import KVSaver
-from kvsaver import heads as H
 from kvsaver import schema as S
 from kvsaver.kv import (
     FileStore,
@@ -133,9 +132,9 @@ def test_stats_agree_with_what_was_written(any_saver: KVSaver) -> None:
         for key, value in txn.scan(None, None):
             live += len(key) + len(value)
             kind, *rest = unpack(key)
-            if kind in (S.CHECKPOINT, S.BLOB, S.WRITE, H.HEAD):
+            if kind in (S.CHECKPOINT, S.BLOB, S.WRITE, S.HEAD):
                 e = expected.setdefault(rest[0], {"c": 0, "b": 0, "w": 0, "bytes": 0})
-                if kind != H.HEAD:  # a head counts in bytes only
+                if kind != S.HEAD:  # a head counts in bytes only
                     e[kind] += 1
                 e["bytes"] += len(key) + len(value)
     for thread, e in expected.items():
