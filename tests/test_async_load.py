@@ -204,10 +204,11 @@ def test_500_concurrent_aput_do_not_block_the_loop(tmp_path: Path, disk: Path | 
         # While the load ran, the loop kept serving its other tasks (the
         # blocking variant serves none until all its commits are done)...
         assert good["ticks_per_s"] > 10 * bad["ticks_per_s"]
-        # ...and its worst stall is a fraction of the blocking variant's, which
+        # ...and its stalls are a fraction of the blocking variant's, which
         # holds the loop for every commit of the run. (A ratio, not a time: on
-        # a loaded machine both grow; the OS alone can stall a loop 100 ms.)
-        assert good["lag_max"] * 4 < bad["lag_max"]
+        # a loaded machine both grow. Its 99th percentile, not its single worst
+        # sample: the OS or a collection alone can stall a loop 100-300 ms.)
+        assert good["lag_p99"] * 4 < bad["lag_max"]
     finally:
         saver.close()
         blocking.close()

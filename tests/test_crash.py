@@ -334,13 +334,10 @@ def test_durability_what_reaches_the_disk(tmp_path: Path) -> None:
     resident: dict[str, list[int]] = {}
     procs: list[Any] = []
     with H.reaped(procs), _removed(disk):
-        for case, durability, sync in [
-            ("full", "full", False),
-            ("meta", "meta", False),
-            ("none", "none", False),
-            ("none+sync()", "none", True),
-        ]:
+
+        def unwritten_after(case: str, durability: str, sync: bool) -> list[int]:
             d = disk / case
+            shutil.rmtree(d, ignore_errors=True)
             (d / "acks").mkdir(parents=True)
             status = d / "status.jsonl"
             p = H.Child(
@@ -360,10 +357,25 @@ def test_durability_what_reaches_the_disk(tmp_path: Path) -> None:
             p.join(30)
             unwritten = H.unwritten_pages(d / "store" / "data.mdb")
             assert unwritten is not None  # the probe worked on this directory
-            resident[case] = unwritten
             with KVSaver(d / "store", readonly=True) as saver:
                 result = H.verify_loop_store(saver, [d / "acks" / "A.ack"])
             assert result["n"] == 0 and result["acked"] == 30, result
+            return unwritten
+
+        for case, durability, sync, still_dirty in [
+            ("full", "full", False, None),
+            ("meta", "meta", False, lambda u: bool(u)),
+            ("none", "none", False, lambda u: bool(set(u) - {0, 1})),
+            ("none+sync()", "none", True, None),
+        ]:
+            # Where pages must still be dirty, the kernel's own writeback (another
+            # job writing a lot) may have cleaned them first: up to 3 tries, each
+            # on a fresh store. A commit that synced what it must not is clean in
+            # every try; one that left dirty what it must sync fails the first.
+            for _ in range(3):
+                resident[case] = unwritten_after(case, durability, sync)
+                if still_dirty is None or still_dirty(resident[case]):
+                    break
     print(f"\nunwritten pages of data.mdb after the last commit: {resident}")
     assert resident["full"] == []
     assert resident["meta"] and set(resident["meta"]) <= {0, 1}

@@ -559,7 +559,7 @@ def test_reads_of_several_round_trips_survive_a_deallocate_all(
         store.close()
 
 
-def test_the_reaper_lives_while_connections_come_and_go() -> None:
+def test_the_reaper_lives_while_connections_come_and_go(monkeypatch: pytest.MonkeyPatch) -> None:
     """A store in steady use has its one connection out during each
     transaction, and back (lingering) only between two: the reaper ends
     only once nothing lingers and nothing came back since its last look.
@@ -573,6 +573,9 @@ def test_the_reaper_lives_while_connections_come_and_go() -> None:
         def putconn(self, conn: object) -> None:
             pass
 
+    # Twice the default: a stall of this thread between take() and add() longer
+    # than a reaper's period would end the reaper with nothing wrong.
+    monkeypatch.setattr(P, "_LINGER", 1.0)
     lingering = P._Lingering(Pool())
     conn = object()
     lingering.add(conn, False)
@@ -619,12 +622,17 @@ def test_a_statement_rendered_by_two_threads_at_once() -> None:
     assert stmt.numbered == b"SELECT 1"
 
 
-def test_a_deferred_rollback_never_outlives_the_linger_time(postgres_url: str, table: str) -> None:
+def test_a_deferred_rollback_never_outlives_the_linger_time(
+    postgres_url: str, table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A read leaves its connection in its transaction for the next one to end
     (one round trip less); nobody coming, the reaper ends it: no session
     stays idle in transaction, holding back vacuum."""
     from kvsaver.kv import postgres as kvpg
 
+    # Long enough for a second connection to look while the read lingers, on
+    # a loaded machine (the default is 0.5 s).
+    monkeypatch.setattr(kvpg, "_LINGER", 3.0)
     store = PostgresStore(postgres_url, table=table)
     try:
         store.transact(lambda txn: txn.put(b"a", b"1"))
@@ -970,7 +978,10 @@ def test_closing_the_store_under_queued_calls_fails_each_and_hangs_none(
     queue.wait_queued(3)
     closer = threading.Thread(target=store.close)
     closer.start()
-    time.sleep(0.1)
+    deadline = time.monotonic() + 30
+    while not store._closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert store._closed
     queue.release()
     closer.join(15)
     assert not any(t.is_alive() for t in queue.threads)
@@ -1205,7 +1216,7 @@ def test_a_session_killed_mid_transaction_fails_that_call_only(
 
 
 def test_statement_timeout(postgres_url: str, table: str) -> None:
-    store = PostgresStore(postgres_url, table=table, statement_timeout=0.2)
+    store = PostgresStore(postgres_url, table=table, statement_timeout=2)
     try:
         store.transact(lambda txn: txn.put(b"a", b"1"))
         with psycopg.connect(postgres_url) as blocker:  # holds the table locked
