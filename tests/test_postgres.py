@@ -765,7 +765,7 @@ def test_transact_reruns_the_function_after_a_serialization_failure(
     b = PostgresStore(postgres_url, table=table, speculate=False)
     try:
         a.transact(lambda txn: txn.put(b"n", b"0"))
-        both_read = threading.Barrier(2, timeout=10)
+        both_read = threading.Barrier(2, timeout=60)
         calls = {"a": 0, "b": 0}
 
         def work(store: PostgresStore, name: str) -> None:
@@ -802,11 +802,11 @@ class _Queue:
         self.out: dict[str, Any] = {}
         self.threads: list[threading.Thread] = []
         self.start("first", self._first)
-        assert self.held.wait(10)
+        assert self.held.wait(60)
 
     def _first(self, txn: Any) -> None:
         self.held.set()
-        assert self.go.wait(10)
+        assert self.go.wait(120)
         txn.put(b"first", b"1")
 
     def start(self, name: str, fn: Any) -> threading.Thread:
@@ -822,9 +822,10 @@ class _Queue:
         return t
 
     def wait_queued(self, n: int) -> None:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while len(self.store._calls) < n and time.monotonic() < deadline:
             time.sleep(0.001)
+        assert len(self.store._calls) >= n, f"{len(self.store._calls)} calls queued, not {n}"
 
     def release(self) -> None:
         self.go.set()
@@ -1014,7 +1015,7 @@ def test_an_interrupted_waiting_call_leaves_the_queue(
         monkeypatch.setattr(
             kvpg, "_allocate_lock", lambda: locks.pop() if locks else threading.Lock()
         )
-        queue.start("b", lambda t: t.put(b"b", b"1")).join(10)
+        queue.start("b", lambda t: t.put(b"b", b"1")).join(60)
         assert isinstance(queue.out["b"], KeyboardInterrupt) and store._calls == []
         queue.start("c", lambda t: t.put(b"c", b"1"))
         queue.wait_queued(1)

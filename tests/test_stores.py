@@ -149,7 +149,7 @@ def expected_scan(
     return [(k, model[k]) for k in keys]
 
 
-def run_in_thread(fn: Callable[[], Any], timeout: float = 10.0) -> Any:
+def run_in_thread(fn: Callable[[], Any], timeout: float = 60.0) -> Any:
     """Run fn in a daemon thread; its exception (or None) is returned. A thread
     still running after timeout is a deadlock: fail instead of hanging."""
     outcome: list[Any] = []
