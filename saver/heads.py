@@ -98,17 +98,33 @@ def parse(head: bytes | None) -> tuple[Any, int, list[list[Any]], int] | None:
         cid, values_at, entries = ormsgpack.unpackb(head[frame[0] + 2 : frame[1]])
     except (ValueError, TypeError):
         return None
+    if type(cid) is not str or type(values_at) is not int or type(entries) is not list:
+        return None  # damaged: the shape build() writes, or nothing
     return cid, values_at, entries, frame[1]
 
 
 def _previous(head: bytes | None, parsed: Any) -> dict[tuple[str, Any], Any]:
-    """{(channel, version): its value's bytes in ``head``, or None: no value}."""
+    """{(channel, version): its value's bytes in ``head``, or None: no value}.
+    Empty for a damaged head: the entries must locate, in order, each value
+    right after its channel's key, as ``build`` wrote them, so that no bytes
+    from a damaged head are copied into the next (whose record would then
+    make them trusted)."""
     if head is None or parsed is None:
         return {}
     view, base = memoryview(head), parsed[3] + parsed[1]
-    if any(base + b > len(head) for _, _, _, b in parsed[2]):
-        return {}  # damaged (cut short): nothing is taken from it
-    return {(c, w): view[base + a : base + b] if a != b else None for c, w, a, b in parsed[2]}
+    out: dict[tuple[str, Any], Any] = {}
+    end = 0
+    try:
+        for c, w, a, b in parsed[2]:
+            if a != b:
+                key = _key(c)
+                if not end + len(key) == a < b or view[base + end : base + a] != key:
+                    return {}
+                end = b
+            out[(c, w)] = view[base + a : base + b] if a != b else None
+    except (ValueError, TypeError):  # an entry of another shape
+        return {}
+    return out if base + end <= len(head) else {}  # cut short: nothing taken
 
 
 def _map_body(data: bytes) -> tuple[int, memoryview] | None:
@@ -128,6 +144,7 @@ def build(
     previous: bytes | None,
     parsed: tuple[Any, int, list[list[Any]], int] | None,
     stored: Any,
+    sizes: dict[tuple[str, Any], int] | None = None,
 ) -> bytes | None:
     """The head of a checkpoint being put, or None when it cannot have one.
 
@@ -137,12 +154,25 @@ def build(
     stored head, ``parsed`` by ``parse``) when it holds that version, else
     from ``stored(channel, version)``: what ``mine`` would say of the stored
     blob. One pass: a put whose values outgrow ``MAX_BYTES`` (a long chat's
-    message list) stops there."""
+    message list) stops there. ``sizes``: (channel, version) -> the length
+    of a stored value this put's process found before (a hint, kept while
+    a thread has no head: a value that stays too large is not read from its
+    blob again at every put); the values read from ``stored`` are added."""
     cp = _map_body(checkpoint_plain)
     if cp is None:
         return None
+    # Too large already, before any stored value is read (a long chat's list,
+    # changed by this put or known too large by ``sizes``): no head, cheaply.
+    size = 0
+    for ch, v in versions.items():
+        got = mine.get(ch)
+        if got is not None and got[0] == v:
+            size += len(got[1]) if got[1] else 0
+        elif sizes is not None:
+            size += sizes.get((ch, v), 0)
+    if size > MAX_BYTES:
+        return None
     prev: dict[tuple[str, Any], Any] | None = None
-    keys = _KEYS
     parts: list[Any] = []
     entries: list[tuple[str, Any, int, int]] = []
     at = size = 0  # offsets from the first value's key
@@ -156,6 +186,8 @@ def build(
             value = prev.get((ch, v), _MISSING)
             if value is _MISSING:
                 value = stored(ch, v)
+                if sizes is not None and value:
+                    sizes[(ch, v)] = len(value)
         if value is None:  # no value: recorded, so the next put need not look
             entries.append((ch, v, at, at))
             continue
@@ -165,11 +197,7 @@ def build(
         size += n
         if size > MAX_BYTES:
             return None
-        key = keys.get(ch)
-        if key is None:
-            if len(keys) > 4096:
-                keys.clear()
-            key = keys[ch] = ormsgpack.packb(ch)
+        key = _key(ch)
         at += len(key)
         entries.append((ch, v, at, at + n))
         at += n
@@ -186,6 +214,8 @@ def build(
         values_header,
     ]
     hdr = ormsgpack.packb((checkpoint_id, sum(map(len, start)), entries))
+    if len(hdr) > 0xFFFF:  # thousands of channels: more than its u16 length says
+        return None
     return b"".join(
         [
             _VERSION,
@@ -197,6 +227,16 @@ def build(
             *parts,
         ]
     )
+
+
+def _key(ch: str) -> bytes:
+    """A channel name's msgpack, as a key of channel_values."""
+    key = _KEYS.get(ch)
+    if key is None:
+        if len(_KEYS) > 4096:
+            _KEYS.clear()
+        key = _KEYS[ch] = ormsgpack.packb(ch)
+    return key
 
 
 _MISSING: Any = object()

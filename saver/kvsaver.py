@@ -39,6 +39,7 @@ from kvsaver.kv import (
     CorruptStoreError,
     FileStore,
     FormatVersionError,
+    KVError,
     LMDBStore,
     MemoryStore,
     PostgresStore,
@@ -277,6 +278,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # this saver last wrote or read it: a read by id looks at the head only
         # for that id (another id is rarely the newest; the look costs a get).
         self._head_ids: dict[tuple[str, str], str] = {}
+        # (thread, ns) -> sizes of stored values found while making no head
+        self._head_sizes: dict[tuple[str, str], dict[tuple[str, Any], int]] = {}
         try:
             self._check_schema()
         except BaseException:
@@ -562,10 +565,10 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             if not checkpoint_id or self._head_ids.get((thread, ns)) == checkpoint_id:
                 found = self._head(txn, thread, ns, raw)
             if found is not None:
-                parent, metadata, checkpoint = found
+                cid, parent, metadata, checkpoint = found
                 return self._load_tuple(
                     txn,
-                    S.bare_record(thread, ns, checkpoint["id"], parent),
+                    S.bare_record(thread, ns, cid, parent),
                     config if checkpoint_id else None,
                     metadata,
                     checkpoint,
@@ -575,10 +578,11 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 txn, S.decode_checkpoint(raw), config if checkpoint_id else None
             )
 
-    def _head(self, txn: Any, thread: str, ns: str, raw: bytes) -> tuple[Any, Any, Any] | None:
-        """(parent id, metadata, checkpoint with its channel_values) from the head record
-        of (thread, ns) when it holds the checkpoint whose stored record is
-        ``raw``, one unpack (issue #13, ``heads``); else None."""
+    def _head(self, txn: Any, thread: str, ns: str, raw: bytes) -> tuple[str, Any, Any, Any] | None:
+        """(checkpoint id as stored, parent id, metadata, checkpoint with its
+        channel_values) from the head record of (thread, ns) when it holds the
+        checkpoint whose stored record is ``raw``, one unpack (issue #13,
+        ``heads``); else None."""
         cached = self._reader_tuple()
         if not cached[5]:
             return None
@@ -587,12 +591,15 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             return None
         unpackb, hook, option, _ = cached[4]
         try:
-            found = unpackb(body, ext_hook=hook, option=option)
-            _, _, checkpoint = found
-        except (ValueError, TypeError):
+            parent, metadata, checkpoint = unpackb(body, ext_hook=hook, option=option)
+            # The id as stored (put takes an int or UUID and stores its text).
+            cid = _id(checkpoint["id"], "checkpoint['id']")
+            if type(metadata) is not dict or type(checkpoint["channel_values"]) is not dict:
+                raise TypeError("not a head's payload")
+        except (ValueError, TypeError, LookupError):
             return None  # a damaged head: only a copy, read the blobs (the next put mends it)
-        self._remember_head(thread, ns, checkpoint["id"])
-        return found
+        self._remember_head(thread, ns, cid)
+        return cid, parent, metadata, checkpoint
 
     def _remember_head(self, thread: str, ns: str, checkpoint_id: str) -> None:
         ids = self._head_ids
@@ -873,24 +880,39 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
 
         md_plain = H.plain_of(*rec.metadata)
         head = None
+        sizes = self._head_sizes.pop((thread, ns), {})
         if cp_plain is not False and md_plain is not False:
-            head = H.build(
-                record,
-                rec.checkpoint_id,
-                rec.parent_id,
-                cp_plain,
-                md_plain,
-                versions,
-                mine,
-                previous,
-                parsed,
-                stored,
-            )
+            try:
+                head = H.build(
+                    record,
+                    rec.checkpoint_id,
+                    rec.parent_id,
+                    cp_plain,
+                    md_plain,
+                    versions,
+                    mine,
+                    previous,
+                    parsed,
+                    stored,
+                    sizes,
+                )
+            except KVError as e:
+                if not isinstance(e, CorruptStoreError):
+                    raise  # the store's own trouble (full, closed...): the put's
+            except (ValueError, TypeError, LookupError, OverflowError):
+                pass  # a stored value it cannot read (a damaged or foreign blob)
         if head is not None:
             txn.put(hkey, head)
             self._remember_head(thread, ns, rec.checkpoint_id)
-        elif previous is not None:
+            return
+        if previous is not None:
             txn.delete(hkey)
+        if sizes:  # what it read, for the thread's next put: see heads.build
+            if len(self._head_sizes) >= _HEAD_IDS:
+                self._head_sizes.clear()
+            self._head_sizes[(thread, ns)] = {
+                (ch, v): n for (ch, v), n in sizes.items() if versions.get(ch) == v
+            }
 
     def put_writes(
         self,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import pytest
 from kvsaver import KVSaver
@@ -276,3 +277,157 @@ def test_a_damaged_head_is_read_around(tmp_path: Path) -> None:
         drop_blobs(saver)
         got = saver.get_tuple(config("t"))
         assert got is not None and got.checkpoint["channel_values"] == {"a": [3]}
+
+
+def _with(head: bytes, header: Any = None, body: Any = None) -> bytes:
+    """``head`` with its header (msgpack [id, values_at, entries]) or its
+    payload replaced: a damaged head of a given shape."""
+    import ormsgpack
+
+    frame = H._frame(head)
+    assert frame is not None
+    at, start = frame
+    old_header = head[at + 2 : start]
+    hdr = old_header if header is None else ormsgpack.packb(header)
+    payload = head[start:] if body is None else ormsgpack.packb(body)
+    return head[:at] + len(hdr).to_bytes(2, "big") + hdr + payload
+
+
+@pytest.mark.parametrize("cid", [UUID("0b4e1c1e-7f0a-4f65-9c57-1f0e8d9c2a11"), 7])
+def test_an_id_given_as_a_uuid_or_an_int_reads_the_same(tmp_path: Path, cid: Any) -> None:
+    """put stores an int or UUID id as its text: a read through the head
+    named the checkpoint by the payload's object and failed (TypeError)."""
+    with open_kv("lmdb", tmp_path, whole_latest=True) as saver:
+        cp = make_checkpoint(cid, {"a": 1}, {"a": "1"})
+        saver.put(config("t"), cp, {"source": "loop", "step": 1}, {"a": "1"})
+        assert heads(saver)
+        for conf in (config("t"), config("t", "", str(cid))):
+            got = saver.get_tuple(conf)
+            assert got is not None and got.config["configurable"]["checkpoint_id"] == str(cid)
+            assert tuple_dict(got) == from_blobs(saver, conf)
+        assert saver._head_ids[("t", "")] == str(cid)
+
+
+def test_thousands_of_channels_put_and_read(tmp_path: Path) -> None:
+    """A head's header lists every channel, under a 2-byte length: a put
+    of 3,000 channels raised OverflowError. Now: no head, the put stored."""
+    values = {f"channel-{i:05d}": i for i in range(3000)}
+    versions = {ch: "1" for ch in values}
+    with open_kv("lmdb", tmp_path, whole_latest=True) as saver:
+        put(saver, "t", "1", values, versions, versions)
+        assert heads(saver) == {}
+        got = saver.get_tuple(config("t"))
+        assert got is not None and got.checkpoint["channel_values"] == values
+
+
+_DAMAGED_HEADERS: dict[str, Any] = {
+    "an entry cut short": lambda h: [h[0], h[1], [e[:3] for e in h[2]]],
+    "values_at not a number": lambda h: [h[0], "x", h[2]],
+    "entries not a list": lambda h: [h[0], h[1], {"a": 1}],
+    "an id not a str": lambda h: [1, h[1], h[2]],
+    "two values' places swapped": lambda h: [
+        h[0],
+        h[1],
+        [h[2][0][:2] + h[2][1][2:], h[2][1][:2] + h[2][0][2:], *h[2][2:]],
+    ],
+    "a value's place shifted": lambda h: [
+        h[0],
+        h[1],
+        [[*h[2][0][:2], h[2][0][2] + 1, h[2][0][3]], *h[2][1:]],
+    ],
+}
+
+
+@pytest.mark.parametrize("damage", list(_DAMAGED_HEADERS))
+def test_a_damaged_header_lends_nothing_and_fails_no_put(tmp_path: Path, damage: str) -> None:
+    """A head whose header does not say where its values are (damage of any
+    shape): the next put neither fails nor copies bytes from it (swapped
+    places made the next head, whose record is trusted, serve a's value as
+    b's); it reads the unchanged values from their blobs."""
+    import ormsgpack
+
+    with open_kv("lmdb", tmp_path, whole_latest=True) as saver:
+        put(saver, "t", "1", {"a": "AAAA", "b": "BBBB"}, {"a": "1", "b": "1"}, {"a": "1", "b": "1"})
+        head = heads(saver)[("t", "")]
+        parsed = H.parse(head)
+        assert parsed is not None
+        frame = H._frame(head)
+        assert frame is not None
+        header = ormsgpack.unpackb(head[frame[0] + 2 : frame[1]])
+        bad = _with(head, header=_DAMAGED_HEADERS[damage](header))
+        saver.store.transact(lambda txn: txn.put(S.head_key("t", ""), bad))
+        values = {"a": "AAAA", "b": "BBBB", "c": "CCCC"}
+        put(saver, "t", "2", values, {"a": "1", "b": "1", "c": "2"}, {"c": "2"}, "1")
+        assert heads(saver)  # made again, from the blobs
+        drop_blobs(saver)  # what is read now comes from the new head
+        got = saver.get_tuple(config("t"))
+        assert got is not None and got.checkpoint["channel_values"] == values
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        [None, {}, {"no": "id"}],
+        [None, {}, ["a", "list"]],
+        [None, "metadata?", {"id": "1", "channel_values": {}}],
+        [None, {}, {"id": "1", "channel_values": "values?"}],
+        [1, 2],
+        "text",
+    ],
+)
+def test_a_payload_of_another_shape_is_read_around(tmp_path: Path, body: Any) -> None:
+    """A payload that decodes but is not [parent, metadata, checkpoint] made
+    get_tuple raise KeyError or TypeError instead of reading the blobs."""
+    with open_kv("lmdb", tmp_path, whole_latest=True) as saver:
+        put(saver, "t", "1", {"a": [1, 2]}, {"a": "1"}, {"a": "1"})
+        want = from_blobs(saver, config("t"))
+        bad = _with(heads(saver)[("t", "")], body=body)
+        saver.store.transact(lambda txn: txn.put(S.head_key("t", ""), bad))
+        assert tuple_dict(saver.get_tuple(config("t"))) == want
+
+
+def test_a_value_too_large_for_a_head_is_not_read_at_every_put(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no head to take an unchanged value from, a put reads it from its
+    blob: a 40 KB value that never changes was read and unpacked (and found
+    too large) by every put of its thread, inside the write transaction.
+    Now its size is remembered: read once per process."""
+    from kvsaver import delta as D
+
+    reads: list[bytes] = []
+    real = D.Codec.head_value
+
+    def counted(self: Any, txn: Any, key: bytes, raw: bytes | None) -> Any:
+        reads.append(key)
+        return real(self, txn, key, raw)
+
+    monkeypatch.setattr(D.Codec, "head_value", counted)
+    big = ["m" * 100] * 400  # ~40 KB
+    with open_kv("lmdb", tmp_path, whole_latest=True) as saver:
+        put(saver, "t", "1", {"big": big, "s": 1}, {"big": "1", "s": "1"}, {"big": "1", "s": "1"})
+        assert reads == []  # this put's own value: too large without a read
+        for i in range(2, 6):
+            values = {"big": big, "s": i}
+            put(saver, "t", str(i), values, {"big": "1", "s": str(i)}, {"s": str(i)}, str(i - 1))
+            got = saver.get_tuple(config("t"))
+            assert got is not None and got.checkpoint["channel_values"] == values
+        assert len(reads) == 1 and heads(saver) == {}
+        # it shrinks (a new version): a head again
+        put(saver, "t", "6", {"big": ["x"], "s": 6}, {"big": "6", "s": "6"}, {"big": "6"}, "5")
+        assert heads(saver)
+
+
+def test_a_blob_the_saver_cannot_read_fails_no_put(tmp_path: Path) -> None:
+    """A value another process wrote encrypted, unchanged in this put: the
+    put of a whole_latest saver without the key read it for the head and
+    failed (ValueError) where a default put succeeds. Now: no head."""
+    serde = EncryptedSerializer.from_pycryptodome_aes(key=b"k" * 16)
+    with KVSaver(tmp_path / "s", serde=serde) as enc:
+        put(enc, "t", "1", {"a": "secret", "b": 1}, {"a": "1", "b": "1"}, {"a": "1", "b": "1"})
+    with KVSaver(tmp_path / "s", whole_latest=True) as plain:
+        put(plain, "t", "2", {"a": "secret", "b": 2}, {"a": "1", "b": "2"}, {"b": "2"}, "1")
+        assert heads(plain) == {}
+    with KVSaver(tmp_path / "s", serde=serde) as enc:
+        got = enc.get_tuple(config("t"))
+        assert got is not None and got.checkpoint["channel_values"] == {"a": "secret", "b": 2}
