@@ -581,7 +581,7 @@ def test_the_reaper_lives_while_connections_come_and_go(monkeypatch: pytest.Monk
     lingering.add(conn, False)
     reaper = lingering.reaper
     assert reaper is not None
-    end = time.monotonic() + 4 * P._LINGER
+    end = time.monotonic() + 2 * P._LINGER  # four of the reaper's looks
     while time.monotonic() < end:  # out during each "transaction", back after
         assert lingering.take() == (conn, False)
         time.sleep(0.01)
@@ -632,7 +632,7 @@ def test_a_deferred_rollback_never_outlives_the_linger_time(
 
     # Long enough for a second connection to look while the read lingers, on
     # a loaded machine (the default is 0.5 s).
-    monkeypatch.setattr(kvpg, "_LINGER", 3.0)
+    monkeypatch.setattr(kvpg, "_LINGER", 2.0)
     store = PostgresStore(postgres_url, table=table)
     try:
         store.transact(lambda txn: txn.put(b"a", b"1"))
