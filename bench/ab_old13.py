@@ -14,11 +14,11 @@ imports renamed, as bench/ab_cpu13.py describes.
   and old, AsyncSqliteSaver, no checkpointer; rotated rounds, round 0 a
   warm-up): overhead per superstep, new/old as the median of per-round ratios.
 * pg-put: one throwaway PostgreSQL server (tests/pg_helpers), KVSaver new and
-  old each on its own table of its own PostgresStore, and PostgresSaver; per
-  round 50 puts each on a fresh thread (bench/_workloads.ThreadGen), the
-  savers' calls alternating one by one in an order rotated every call; wall
-  time and ``thread_time`` per put, medians; ratios are medians of the
-  per-round ratios (lowest-highest).
+  old each on its own table of its own PostgresStore, and PostgresSaver, in
+  bench/ab_pg14.py's paired rounds (``--puts-only``): per round 50 puts each
+  on a fresh thread, the savers' calls alternating one by one in an order
+  rotated every call; wall time and ``thread_time`` per put, medians; ratios
+  are medians of the per-round ratios (lowest-highest).
 
 Measured 2026-12-01 (load ~0.3-1.4), against 0a1d451 (before head records):
 async new/old 1.178 (9 rounds), 1.050 (13), 1.255 (3), 0.997 (15), A/A
@@ -33,15 +33,11 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import statistics
 import sys
-import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-
-from _workloads import ThreadGen, rotated
 
 
 def _async(new: Any, old: Any, rounds: int) -> None:
@@ -58,6 +54,7 @@ def _async(new: Any, old: Any, rounds: int) -> None:
 
 
 def _pg_put(new: Any, old: Any, rounds: int) -> None:
+    from ab_pg14 import paired_rounds
     from langgraph.checkpoint.postgres import PostgresSaver
     from pg_helpers import PgServer, Unavailable
 
@@ -71,31 +68,9 @@ def _pg_put(new: Any, old: Any, rounds: int) -> None:
         with PostgresSaver.from_conn_string(server.url) as pg:
             pg.setup()
             savers = {"new": new(server.url, "kv_new"), "old": old(server.url, "kv_old")}
-            savers["PostgresSaver"] = pg
-            names = list(savers)
-            per: dict[tuple[str, str], list[float]] = {}
-            for r in range(rounds):
-                gens = {n: ThreadGen(s, f"ab-{n}-{r}") for n, s in savers.items()}
-                ops = {n: [g.next() for _ in range(50)] for n, g in gens.items()}
-                got: dict[tuple[str, str], list[float]] = {}
-                for i in range(50):
-                    for n in rotated(names, r + i):
-                        s, a = savers[n], ops[n][i]
-                        c, t = time.thread_time(), time.perf_counter()
-                        s.put(a.config, a.checkpoint, a.metadata, a.new_versions)
-                        got.setdefault(("wall", n), []).append(time.perf_counter() - t)
-                        got.setdefault(("cpu", n), []).append(time.thread_time() - c)
-                for k, v in got.items():
-                    per.setdefault(k, []).append(statistics.median(v))
-            print(f"load average {os.getloadavg()[0]:.2f} at the end")
-            for kind in ("wall", "cpu"):
-                us = "  ".join(f"{n} {statistics.median(per[(kind, n)]) * 1e6:.0f}" for n in names)
-                print(f"put {kind} us: {us}")
-                for a, b in (("new", "old"), ("new", "PostgresSaver"), ("old", "PostgresSaver")):
-                    rs = [x / y for x, y in zip(per[(kind, a)], per[(kind, b)])]
-                    print(f"    {a}/{b}: {statistics.median(rs):.3f} ({min(rs):.3f}-{max(rs):.3f})")
-            savers["new"].close()
-            savers["old"].close()
+            paired_rounds({**savers, "PostgresSaver": pg}, rounds, 50, puts_only=True)
+            for saver in savers.values():
+                saver.close()
     finally:
         server.stop()
 

@@ -459,27 +459,26 @@ class Codec:
                 out.append(Pending(ch, key, S.encode_blob(None), None, None, None))
                 continue
             v = values[ch]
-            hb: bytes | Literal[False] = False
-            if self.enabled and type(v) is list:
-                typ, data = self.inner.dumps_typed(v)
-                if heads:
-                    hb = H.plain_of(typ, data)
+            if not self.enabled:  # a serializer whose bytes are not known msgpack
+                typed = self.dumps_small(v) if ch == START else dumps(v)
+                out.append(Pending(ch, key, S.encode_blob(typed), None))
+                continue
+            # Serialized once, for the blob and, with ``heads``, the head
+            # (the stack is [encryption](compression(JsonPlusSerializer)):
+            # ``wrap`` of the inner bytes is ``dumps``).
+            typ, data = self.inner.dumps_typed(v)
+            hb = H.plain_of(typ, data) if heads else False
+            if type(v) is list:
                 if typ == "msgpack" and len(data) >= self.min_bytes and header(data):
                     spec = self._speculate(thread, ns, parent_id, ch, key, data)
                     out.append(Pending(ch, key, None, data, spec, hb))
-                else:
-                    raw = S.encode_blob(self.wrap(typ, data))
-                    out.append(Pending(ch, key, raw, None, None, hb))
-                continue
-            # The graph's input: read by the next step only, never by a read
-            # of a step's checkpoint (consumed, it is stored empty), so its
-            # small values cost no read a decompression.
-            if heads:  # serialized once, for the blob and for the head
-                typ, data = self.inner.dumps_typed(v)
-                hb = H.plain_of(typ, data)
-                typed = self.wrap_small(typ, data) if ch == START else self.wrap(typ, data)
+                    continue
+                typed = self.wrap(typ, data)
             else:
-                typed = self.dumps_small(v) if ch == START else dumps(v)
+                # The graph's input: read by the next step only, never by a
+                # read of a step's checkpoint (consumed, it is stored empty),
+                # so its small values cost no read a decompression.
+                typed = self.wrap_small(typ, data) if ch == START else self.wrap(typ, data)
             out.append(Pending(ch, key, S.encode_blob(typed), None, None, hb))
         return out
 

@@ -144,7 +144,7 @@ def build(
     previous: bytes | None,
     parsed: tuple[Any, int, list[list[Any]], int] | None,
     stored: Any,
-    sizes: dict[tuple[str, Any], int] | None = None,
+    sizes: dict[tuple[str, Any], int],
 ) -> bytes | None:
     """The head of a checkpoint being put, or None when it cannot have one.
 
@@ -153,29 +153,22 @@ def build(
     this put writes; an other channel's value comes from ``previous`` (the
     stored head, ``parsed`` by ``parse``) when it holds that version, else
     from ``stored(channel, version)``: what ``mine`` would say of the stored
-    blob. One pass: a put whose values outgrow ``MAX_BYTES`` (a long chat's
-    message list) stops there. ``sizes``: (channel, version) -> the length
+    blob. A put whose values outgrow ``MAX_BYTES`` (a long chat's message
+    list) stops there. ``sizes``: (channel, version) -> the length
     of a stored value this put's process found before (a hint, kept while
     a thread has no head: a value that stays too large is not read from its
     blob again at every put); the values read from ``stored`` are added."""
     cp = _map_body(checkpoint_plain)
     if cp is None:
         return None
-    # Too large already, before any stored value is read (a long chat's list,
-    # changed by this put or known too large by ``sizes``): no head, cheaply.
-    size = 0
-    for ch, v in versions.items():
-        got = mine.get(ch)
-        if got is not None and got[0] == v:
-            size += len(got[1]) if got[1] else 0
-        elif sizes is not None:
-            size += sizes.get((ch, v), 0)
-    if size > MAX_BYTES:
-        return None
+    # Each value from this put or the previous head first; those neither has
+    # are read from their blobs only if the rest (with ``sizes``' hint for
+    # them) leaves room: a long chat's list, changed by this put or known too
+    # large, costs no blob read.
     prev: dict[tuple[str, Any], Any] | None = None
-    parts: list[Any] = []
-    entries: list[tuple[str, Any, int, int]] = []
-    at = size = 0  # offsets from the first value's key
+    values: dict[str, Any] = {}
+    unread: list[tuple[str, Any]] = []
+    size = hinted = 0
     for ch, v in versions.items():
         got = mine.get(ch)
         if got is not None and got[0] == v:
@@ -185,22 +178,36 @@ def build(
                 prev = _previous(previous, parsed)
             value = prev.get((ch, v), _MISSING)
             if value is _MISSING:
-                value = stored(ch, v)
-                if sizes is not None and value:
-                    sizes[(ch, v)] = len(value)
+                unread.append((ch, v))
+                hinted += sizes.get((ch, v), 0)
+                continue
+        if value is False:
+            return None
+        values[ch] = value
+        size += len(value) if value else 0
+    if size + hinted > MAX_BYTES:
+        return None
+    for ch, v in unread:
+        value = values[ch] = stored(ch, v)
+        if value is False:
+            return None
+        if value:
+            sizes[(ch, v)] = len(value)
+            size += len(value)
+            if size > MAX_BYTES:
+                return None
+    parts: list[Any] = []
+    entries: list[tuple[str, Any, int, int]] = []
+    at = 0  # offsets from the first value's key
+    for ch, v in versions.items():
+        value = values[ch]
         if value is None:  # no value: recorded, so the next put need not look
             entries.append((ch, v, at, at))
             continue
-        if value is False:
-            return None
-        n = len(value)
-        size += n
-        if size > MAX_BYTES:
-            return None
         key = _key(ch)
         at += len(key)
-        entries.append((ch, v, at, at + n))
-        at += n
+        entries.append((ch, v, at, at + len(value)))
+        at += len(value)
         parts.append(key)
         parts.append(value)
     values_header = make_map_header(len(parts) // 2)

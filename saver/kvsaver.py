@@ -602,10 +602,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         return cid, parent, metadata, checkpoint
 
     def _remember_head(self, thread: str, ns: str, checkpoint_id: str) -> None:
-        ids = self._head_ids
-        if len(ids) >= _HEAD_IDS:
-            ids.clear()  # bounded; only a hint
-        ids[(thread, ns)] = checkpoint_id
+        _bounded_put(self._head_ids, (thread, ns), checkpoint_id)
 
     def _guess_reads(self, txn: Any, thread: str, ns: str, checkpoint_id: Any) -> None:
         """Issue #14, on a store that pipelines reads: when this saver wrote
@@ -865,7 +862,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         ``versions``: the checkpoint's channel_versions; ``mine``: channel ->
         (version, ``Pending.head``) of the values this put writes."""
         parsed = H.parse(previous)
-        if parsed is not None and str(parsed[0]) > rec.checkpoint_id:
+        if parsed is not None and parsed[0] > rec.checkpoint_id:
             # A newer checkpoint's head stays, unless this put rewrote a
             # version it holds (versions that are not unique, as in tests).
             held = {(e[0], e[1]) for e in parsed[2]}
@@ -896,11 +893,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                     stored,
                     sizes,
                 )
-            except KVError as e:
-                if not isinstance(e, CorruptStoreError):
-                    raise  # the store's own trouble (full, closed...): the put's
+            except CorruptStoreError:
+                pass  # a damaged blob: no head (a read of it says so)
+            except KVError:
+                raise  # the store's own trouble (full, closed...): the put's
             except (ValueError, TypeError, LookupError, OverflowError):
-                pass  # a stored value it cannot read (a damaged or foreign blob)
+                pass  # a stored value it cannot read (a foreign blob)
         if head is not None:
             txn.put(hkey, head)
             self._remember_head(thread, ns, rec.checkpoint_id)
@@ -908,11 +906,11 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         if previous is not None:
             txn.delete(hkey)
         if sizes:  # what it read, for the thread's next put: see heads.build
-            if len(self._head_sizes) >= _HEAD_IDS:
-                self._head_sizes.clear()
-            self._head_sizes[(thread, ns)] = {
-                (ch, v): n for (ch, v), n in sizes.items() if versions.get(ch) == v
-            }
+            _bounded_put(
+                self._head_sizes,
+                (thread, ns),
+                {(ch, v): n for (ch, v), n in sizes.items() if versions.get(ch) == v},
+            )
 
     def put_writes(
         self,
@@ -1453,7 +1451,15 @@ class _Opening(AbstractContextManager, AbstractAsyncContextManager):
 # -- list helpers ---------------------------------------------------------------
 
 
-_HEAD_IDS = 65_536  # KVSaver._head_ids' entries at most
+_HEAD_HINTS = 65_536  # entries of KVSaver._head_ids and _head_sizes at most
+
+
+def _bounded_put(hints: dict[Any, Any], key: Any, value: Any) -> None:
+    """``hints[key] = value`` in a dict of hints (nothing is lost when it is
+    emptied), emptied when it holds ``_HEAD_HINTS`` entries."""
+    if len(hints) >= _HEAD_HINTS:
+        hints.clear()
+    hints[key] = value
 
 
 def _remember_put(

@@ -81,8 +81,11 @@ def drop_stale_head(txn: Any, thread: str, ns: str) -> None:
     gone (``delete_for_runs``; ``keep_latest`` keeps the latest, and reads
     never serve a head whose record is not theirs: this only frees it)."""
     hkey = S.head_key(thread, ns)
-    parsed = H.parse(txn.get(hkey))
-    if parsed is not None and txn.get(S.checkpoint_key(thread, ns, str(parsed[0]))) is None:
+    head = txn.get(hkey)
+    if head is None:
+        return
+    parsed = H.parse(head)  # None: damaged, freed as well
+    if parsed is None or txn.get(S.checkpoint_key(thread, ns, parsed[0])) is None:
         txn.delete(hkey)
 
 
