@@ -673,8 +673,19 @@ def _ctrl_c_inside_a_hook(armed: list[bool]) -> JsonPlusSerializer:
     return JsonPlusSerializer(__unpack_ext_hook__=hook)
 
 
+@pytest.fixture
+def sigint_default():
+    """SIGINT raising KeyboardInterrupt, as in a terminal, for the test (a
+    suite started in the background, ``pytest &``, inherits it ignored)."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 @pytest.mark.parametrize("phase", ["copy", "verify"])
-def test_ctrl_c_inside_decoding_is_a_keyboard_interrupt(tmp_path, phase):
+def test_ctrl_c_inside_decoding_is_a_keyboard_interrupt(tmp_path, phase, sigint_default):
     source = str(tmp_path / "chat.sqlite")
     total = build_synthetic_sqlite(source, threads=3, per_thread=20)
     dest = str(tmp_path / "state")
@@ -707,6 +718,10 @@ def test_ctrl_c_inside_decoding_is_a_keyboard_interrupt(tmp_path, phase):
     assert stats.checkpoints_present == copied and stats.verified == total
 
 
+def _sigint_as_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _sigint_cli(source: str, dest: str, phase: str) -> tuple[int, str]:
     """The tool in a subprocess, sent SIGINT once ``phase`` has made progress."""
     args = [source, dest, "--batch-size", "10", "--durability", "none"]
@@ -716,6 +731,9 @@ def _sigint_cli(source: str, dest: str, phase: str) -> tuple[int, str]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        # SIGINT as a terminal leaves it: a suite started in the background
+        # passes it on ignored, and the tool would never see the signal.
+        preexec_fn=_sigint_as_default,
     )
     assert proc.stderr is not None
     lines = []
