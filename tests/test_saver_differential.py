@@ -324,6 +324,16 @@ class SaverComparison(RuleBasedStateMachine):
             pick = next(i for i, (cid, _, _) in enumerate(cps) if cid == latest)
         self.put(thread, ns, pick, changes, order, {"source": "loop", "step": step}, {})
 
+    @rule(
+        pick=st.integers(0, 10**6),
+        changes=st.dictionaries(st.sampled_from(CHANNELS), values, max_size=2),
+    )
+    def fork_becomes_latest(self, pick: int, changes: dict[str, Any]) -> None:
+        """A child of any checkpoint of one thread, put as its newest: the
+        channels it leaves alone have the parent's versions, which the head
+        of the checkpoint before it may hold at other versions."""
+        self.put("a", "", pick, changes, 9999, {"source": "fork"}, {})
+
     @rule(thread=st.sampled_from([*THREADS, "never-used"]), dice=st.integers(0, 3))
     def delete_thread(self, thread: str, dice: int) -> None:
         if dice != 3:
@@ -480,16 +490,6 @@ class SaverComparisonHeads(SaverComparison):
         self.savers = {
             "lmdb-whole": KVSaver(f"{self.tmp}/whole", durability="none", whole_latest=True),
         }
-
-    @rule(
-        pick=st.integers(0, 10**6),
-        changes=st.dictionaries(st.sampled_from(CHANNELS), values, max_size=2),
-    )
-    def fork_becomes_latest(self, pick: int, changes: dict[str, Any]) -> None:
-        """A child of any checkpoint of one thread, put as its newest: the
-        channels it leaves alone have the parent's versions, which the head
-        of the checkpoint before it may hold at other versions."""
-        self.put("a", "", pick, changes, 9999, {"source": "fork"}, {})
 
     @invariant()
     def every_latest_equal(self) -> None:
