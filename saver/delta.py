@@ -233,11 +233,18 @@ class Codec:
         self.enc = serde if isinstance(serde, EncryptedSerializer) else None
         mid = self.enc.serde if self.enc is not None else serde
         self.comp = mid if isinstance(mid, CompressingSerializer) else None
+        # A layer of a subclass that makes its own bytes (its own
+        # ``dumps_typed``): a channel value that is not a list goes through
+        # ``serde.dumps_typed``, as it always did, and no head is made.
+        self.custom = any(
+            layer is not None and type(layer).dumps_typed is not cls.dumps_typed
+            for layer, cls in ((self.enc, EncryptedSerializer), (self.comp, CompressingSerializer))
+        )
         self.inner = self.comp.serde if self.comp is not None else mid
         self.enabled = isinstance(self.inner, JsonPlusSerializer)
         # Whether head records can be made (issue #13, ``heads``): of the
         # inner serializer's msgpack, never in the clear when values are encrypted.
-        self.heads = self.enabled and self.enc is None
+        self.heads = self.enabled and self.enc is None and not self.custom
         self.max_chain = MAX_CHAIN
         self.stride = STRIDE
         self.min_bytes = MIN_BYTES
@@ -459,7 +466,8 @@ class Codec:
                 out.append(Pending(ch, key, S.encode_blob(None), None, None, None))
                 continue
             v = values[ch]
-            if not self.enabled:  # a serializer whose bytes are not known msgpack
+            if not self.enabled or (self.custom and type(v) is not list):
+                # a serializer whose bytes are not known msgpack, or a layer's own
                 typed = self.dumps_small(v) if ch == START else dumps(v)
                 out.append(Pending(ch, key, S.encode_blob(typed), None))
                 continue

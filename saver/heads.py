@@ -48,7 +48,7 @@ import ormsgpack
 
 from ._msgpack import make_map_header, map_header
 
-__all__ = ["MAX_BYTES", "build", "parse", "payload", "plain_of"]
+__all__ = ["MAX_BYTES", "build", "parse", "payload", "plain_of", "version_key"]
 
 # A head is written while the checkpoint's values fit in this: a long chat's
 # message list outgrows it (its reads are served by deltas and the cache), and
@@ -66,8 +66,15 @@ def plain_of(typ: str, data: bytes) -> bytes | Literal[False]:
     if typ == "null":
         return _NIL
     if typ == "bytes":
-        return ormsgpack.packb(data)
+        return ormsgpack.packb(bytes(data))  # a bytes subclass as its bytes, as a read
     return False
+
+
+def version_key(channel: str, version: Any) -> tuple[str, type, Any]:
+    """What names one stored value of ``channel``: its version with the
+    version's type, as blob keys tell them apart (``1``, ``1.0`` and ``True``
+    are equal in Python, and one dict key, but three blobs)."""
+    return channel, type(version), version
 
 
 def _frame(head: bytes | None) -> tuple[int, int] | None:
@@ -103,16 +110,17 @@ def parse(head: bytes | None) -> tuple[Any, int, list[list[Any]], int] | None:
     return cid, values_at, entries, frame[1]
 
 
-def _previous(head: bytes | None, parsed: Any) -> dict[tuple[str, Any], Any]:
-    """{(channel, version): its value's bytes in ``head``, or None: no value}.
+def _previous(head: bytes | None, parsed: Any) -> dict[tuple[str, type, Any], Any]:
+    """{``version_key``: its value's bytes in ``head``, or None: no value}.
     Empty for a damaged head: the entries must locate, in order, each value
-    right after its channel's key, as ``build`` wrote them, so that no bytes
-    from a damaged head are copied into the next (whose record would then
-    make them trusted)."""
+    right after its channel's key and each "no value" where the last value
+    ended, up to the head's last byte, as ``build`` wrote them, so that no
+    bytes from a damaged head are copied into the next (whose record would
+    then make them trusted)."""
     if head is None or parsed is None:
         return {}
     view, base = memoryview(head), parsed[3] + parsed[1]
-    out: dict[tuple[str, Any], Any] = {}
+    out: dict[tuple[str, type, Any], Any] = {}
     end = 0
     try:
         for c, w, a, b in parsed[2]:
@@ -121,10 +129,12 @@ def _previous(head: bytes | None, parsed: Any) -> dict[tuple[str, Any], Any]:
                 if not end + len(key) == a < b or view[base + end : base + a] != key:
                     return {}
                 end = b
-            out[(c, w)] = view[base + a : base + b] if a != b else None
+            elif a != end:  # "no value" sits where the last value ended
+                return {}
+            out[version_key(c, w)] = view[base + a : base + b] if a != b else None
     except (ValueError, TypeError):  # an entry of another shape
         return {}
-    return out if base + end <= len(head) else {}  # cut short: nothing taken
+    return out if base + end == len(head) else {}  # cut short or trailing: nothing taken
 
 
 def _map_body(data: bytes) -> tuple[int, memoryview] | None:
@@ -144,7 +154,7 @@ def build(
     previous: bytes | None,
     parsed: tuple[Any, int, list[list[Any]], int] | None,
     stored: Any,
-    sizes: dict[tuple[str, Any], int],
+    sizes: dict[tuple[str, type, Any], int],
 ) -> bytes | None:
     """The head of a checkpoint being put, or None when it cannot have one.
 
@@ -154,7 +164,7 @@ def build(
     stored head, ``parsed`` by ``parse``) when it holds that version, else
     from ``stored(channel, version)``: what ``mine`` would say of the stored
     blob. A put whose values outgrow ``MAX_BYTES`` (a long chat's message
-    list) stops there. ``sizes``: (channel, version) -> the length
+    list) stops there. ``sizes``: ``version_key`` -> the length
     of a stored value this put's process found before (a hint, kept while
     a thread has no head: a value that stays too large is not read from its
     blob again at every put); the values read from ``stored`` are added."""
@@ -165,21 +175,21 @@ def build(
     # are read from their blobs only if the rest (with ``sizes``' hint for
     # them) leaves room: a long chat's list, changed by this put or known too
     # large, costs no blob read.
-    prev: dict[tuple[str, Any], Any] | None = None
+    prev: dict[tuple[str, type, Any], Any] | None = None
     values: dict[str, Any] = {}
     unread: list[tuple[str, Any]] = []
     size = hinted = 0
     for ch, v in versions.items():
         got = mine.get(ch)
-        if got is not None and got[0] == v:
+        if got is not None and version_key(ch, got[0]) == version_key(ch, v):
             value = got[1]
         else:
             if prev is None:
                 prev = _previous(previous, parsed)
-            value = prev.get((ch, v), _MISSING)
+            value = prev.get(version_key(ch, v), _MISSING)
             if value is _MISSING:
                 unread.append((ch, v))
-                hinted += sizes.get((ch, v), 0)
+                hinted += sizes.get(version_key(ch, v), 0)
                 continue
         if value is False:
             return None
@@ -192,7 +202,7 @@ def build(
         if value is False:
             return None
         if value:
-            sizes[(ch, v)] = len(value)
+            sizes[version_key(ch, v)] = len(value)
             size += len(value)
             if size > MAX_BYTES:
                 return None

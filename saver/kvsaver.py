@@ -35,6 +35,7 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Literal, TypeVar
 from uuid import UUID
 
+import zstandard
 from kvsaver.kv import (
     CorruptStoreError,
     FileStore,
@@ -279,7 +280,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # for that id (another id is rarely the newest; the look costs a get).
         self._head_ids: dict[tuple[str, str], str] = {}
         # (thread, ns) -> sizes of stored values found while making no head
-        self._head_sizes: dict[tuple[str, str], dict[tuple[str, Any], int]] = {}
+        self._head_sizes: dict[tuple[str, str], dict[tuple[str, type, Any], int]] = {}
         try:
             self._check_schema()
         except BaseException:
@@ -865,8 +866,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         if parsed is not None and parsed[0] > rec.checkpoint_id:
             # A newer checkpoint's head stays, unless this put rewrote a
             # version it holds (versions that are not unique, as in tests).
-            held = {(e[0], e[1]) for e in parsed[2]}
-            if any((ch, v) in held for ch, (v, _) in mine.items()):
+            held = {H.version_key(e[0], e[1]) for e in parsed[2]}
+            if any(H.version_key(ch, v) in held for ch, (v, _) in mine.items()):
                 txn.delete(hkey)
             return
         thread, ns = rec.thread_id, rec.checkpoint_ns
@@ -897,8 +898,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 pass  # a damaged blob: no head (a read of it says so)
             except KVError:
                 raise  # the store's own trouble (full, closed...): the put's
-            except (ValueError, TypeError, LookupError, OverflowError):
-                pass  # a stored value it cannot read (a foreign blob)
+            except (ValueError, TypeError, LookupError, OverflowError, zstandard.ZstdError):
+                pass  # a stored value it cannot read (a foreign blob, a damaged frame)
         if head is not None:
             txn.put(hkey, head)
             self._remember_head(thread, ns, rec.checkpoint_id)
@@ -909,7 +910,11 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             _bounded_put(
                 self._head_sizes,
                 (thread, ns),
-                {(ch, v): n for (ch, v), n in sizes.items() if versions.get(ch) == v},
+                {
+                    key: n
+                    for key, n in sizes.items()
+                    if key[0] in versions and H.version_key(key[0], versions[key[0]]) == key
+                },
             )
 
     def put_writes(

@@ -593,3 +593,33 @@ def test_dictionary_frames_are_cached_apart() -> None:
     except zstandard.ZstdError:
         return
     assert out != data
+
+
+def test_a_compressing_subclass_with_its_own_dumps_typed_makes_the_values(
+    tmp_path: Any,
+) -> None:
+    """A CompressingSerializer subclass that makes its own choice of what to
+    compress is called for each channel value that is not a list, as before
+    the delta codec serialized through the layers itself (which it does for
+    the stock class); such a stack gets no head record."""
+
+    class NoStrCompression(CompressingSerializer):
+        def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+            if isinstance(obj, str):
+                return self.serde.dumps_typed(obj)
+            return super().dumps_typed(obj)
+
+    text = "compressible text " * 300
+    serde = NoStrCompression(JsonPlusSerializer())
+    with KVSaver(str(tmp_path / "s"), serde=serde, whole_latest=True) as saver:
+        cp = empty_checkpoint()
+        cp["channel_values"] = {"text": text, "n": 1}
+        cp["channel_versions"] = {"text": "1", "n": "1"}
+        conf = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+        saver.put(conf, cp, {}, {"text": "1", "n": "1"})
+        with saver.store.read() as txn:
+            typed = S.decode_blob(txn.get(S.blob_key("t", "", "text", "1")))
+            assert not list(txn.scan(*S.heads_range()))
+        assert typed is not None and typed[0] == "msgpack"  # its own choice
+        got = saver.get_tuple(conf)
+        assert got is not None and got.checkpoint["channel_values"] == {"text": text, "n": 1}

@@ -335,6 +335,12 @@ _DAMAGED_HEADERS: dict[str, Any] = {
         h[1],
         [[*h[2][0][:2], h[2][0][2] + 1, h[2][0][3]], *h[2][1:]],
     ],
+    # the next head, whose record is trusted, dropped b's value
+    "the last value said to have none": lambda h: [
+        h[0],
+        h[1],
+        [*h[2][:-1], [*h[2][-1][:2], h[2][-1][3], h[2][-1][3]]],
+    ],
 }
 
 
@@ -431,3 +437,53 @@ def test_a_blob_the_saver_cannot_read_fails_no_put(tmp_path: Path) -> None:
     with KVSaver(tmp_path / "s", serde=serde) as enc:
         got = enc.get_tuple(config("t"))
         assert got is not None and got.checkpoint["channel_values"] == {"a": "secret", "b": 2}
+
+
+@pytest.mark.parametrize("first,second", [(1, 1.0), (1, True), (1.0, 1), (True, 1)])
+def test_versions_equal_in_python_but_of_other_types_are_other_values(
+    tmp_path: Path, first: Any, second: Any
+) -> None:
+    """1, 1.0 and True are one dict key but three blobs: a head holding a's
+    value at version 1.0 lent it to a checkpoint naming version 1."""
+    with open_kv("lmdb", tmp_path, whole_latest=True) as saver:
+        put(saver, "t", "1", {"a": "X"}, {"a": first}, {"a": first})
+        put(saver, "t", "2", {"a": "Y"}, {"a": second}, {"a": second}, "1")
+        put(saver, "t", "3", {"a": "X", "b": 1}, {"a": first, "b": "3"}, {"b": "3"}, "2")
+        want = from_blobs(saver, config("t"))
+        assert want is not None and want["checkpoint"]["channel_values"] == {"a": "X", "b": 1}
+        assert tuple_dict(saver.get_tuple(config("t"))) == want
+
+
+def test_a_damaged_compressed_blob_fails_no_put(tmp_path: Path) -> None:
+    """A stored zstd frame that does not decompress, in a channel the put
+    leaves alone: zstandard's own error escaped the put of a whole_latest
+    saver, where a default put succeeds. Now: no head."""
+    big = "some text that compresses " * 200  # stored zstd
+    with KVSaver(tmp_path / "s") as saver:
+        put(saver, "t", "1", {"a": big, "b": 1}, {"a": "1", "b": "1"}, {"a": "1", "b": "1"})
+        key = S.blob_key("t", "", "a", "1")
+        with saver.store.read() as txn:
+            raw = txn.get(key)
+        n = len(S.BLOB_PREFIX_MSGPACK_ZST)
+        assert raw is not None and raw.startswith(S.BLOB_PREFIX_MSGPACK_ZST)
+        damaged = raw[: n + 4] + b"\xff" * 6 + raw[n + 10 :]
+        saver.store.transact(lambda txn: txn.put(key, damaged))
+    with KVSaver(tmp_path / "s", whole_latest=True) as saver:
+        put(saver, "t", "2", {"a": big, "b": 2}, {"a": "1", "b": "2"}, {"b": "2"}, "1")
+        assert heads(saver) == {}
+
+
+def test_a_bytes_subclass_value_puts_and_reads_as_its_bytes(tmp_path: Path) -> None:
+    """The head's msgpack of a ``bytes`` value: ormsgpack refused a subclass
+    (TypeError: the put failed, where a default put succeeds)."""
+
+    class Token(bytes):
+        pass
+
+    with open_kv("lmdb", tmp_path, whole_latest=True) as saver:
+        put(saver, "t", "1", {"a": Token(b"abc")}, {"a": "1"}, {"a": "1"})
+        assert heads(saver)
+        want = from_blobs(saver, config("t"))
+        got = saver.get_tuple(config("t"))
+        assert got is not None and got.checkpoint["channel_values"] == {"a": b"abc"}
+        assert tuple_dict(got) == want
