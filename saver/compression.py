@@ -96,6 +96,7 @@ __all__ = [
     "SMALL_MIN",
     "SUFFIX",
     "CompressingSerializer",
+    "DamagedValueError",
     "EncryptedValueError",
     "ValueReaders",
     "loader",
@@ -161,6 +162,22 @@ class EncryptedValueError(ValueError):
             "KVSaver(path, serde=EncryptedSerializer.from_pycryptodome_aes(key=...)) "
             "with the key the store was written with"
         )
+
+
+class DamagedValueError(ValueError, zstandard.ZstdError):
+    """A stored zstd frame does not decompress (the bytes were damaged):
+    a ``ValueError``, as a damaged msgpack value is, and still the
+    ``zstandard.ZstdError`` that zstandard raised."""
+
+
+def unzstd(decompressor: zstandard.ZstdDecompressor, frame: bytes) -> bytes:
+    """``decompressor.decompress(frame)``; a frame that does not decompress
+    raises ``DamagedValueError``: every read of a compressed value, whole or
+    a delta's piece, comes here."""
+    try:
+        return decompressor.decompress(frame)
+    except zstandard.ZstdError as e:
+        raise DamagedValueError(f"a stored value does not decompress ({e})") from e
 
 
 class _Inflated:
@@ -349,14 +366,14 @@ class CompressingSerializer(SerializerProtocol):
     def _inflate(self, packed: bytes) -> bytes:
         plain = self._inflated.get(packed)
         if plain is None:
-            plain = self._decompressor().decompress(packed)
+            plain = unzstd(self._decompressor(), packed)
             self._inflated.add(packed, plain, read=True)
         return plain
 
     def _inflate_small(self, packed: bytes) -> bytes:
         plain = self._inflated_small.get(packed)
         if plain is None:
-            plain = self._dict_decompressor().decompress(packed)
+            plain = unzstd(self._dict_decompressor(), packed)
             self._inflated_small.add(packed, plain, read=True)
         return plain
 

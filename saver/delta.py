@@ -424,14 +424,14 @@ class Codec:
         comp, unwrap = self.comp, self.unwrap
         if comp is None:
             return lambda typ, piece: unwrap(typ, piece)[1]
-        small, zst = comp._dict_decompressor().decompress, comp._decompressor().decompress
+        small, zst, unzstd = comp._dict_decompressor(), comp._decompressor(), C.unzstd
         small_type, zst_type = "msgpack" + C.DICT_SUFFIX, "msgpack" + C.SUFFIX
 
         def read(typ: str, piece: bytes) -> bytes:
             if typ == small_type:
-                return small(piece)
+                return unzstd(small, piece)
             if typ == zst_type:
-                return zst(piece)
+                return unzstd(zst, piece)
             return unwrap(typ, piece)[1]
 
         return read

@@ -35,7 +35,6 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Literal, TypeVar
 from uuid import UUID
 
-import zstandard
 from kvsaver.kv import (
     CorruptStoreError,
     FileStore,
@@ -898,7 +897,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 pass  # a damaged blob: no head (a read of it says so)
             except KVError:
                 raise  # the store's own trouble (full, closed...): the put's
-            except (ValueError, TypeError, LookupError, OverflowError, zstandard.ZstdError):
+            except (ValueError, TypeError, LookupError, OverflowError):
                 pass  # a stored value it cannot read (a foreign blob, a damaged frame)
         if head is not None:
             txn.put(hkey, head)
@@ -907,15 +906,9 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         if previous is not None:
             txn.delete(hkey)
         if sizes:  # what it read, for the thread's next put: see heads.build
-            _bounded_put(
-                self._head_sizes,
-                (thread, ns),
-                {
-                    key: n
-                    for key, n in sizes.items()
-                    if key[0] in versions and H.version_key(key[0], versions[key[0]]) == key
-                },
-            )
+            current = {H.version_key(ch, v) for ch, v in versions.items()}
+            kept = {key: n for key, n in sizes.items() if key in current}
+            _bounded_put(self._head_sizes, (thread, ns), kept)
 
     def put_writes(
         self,

@@ -623,3 +623,26 @@ def test_a_compressing_subclass_with_its_own_dumps_typed_makes_the_values(
         assert typed is not None and typed[0] == "msgpack"  # its own choice
         got = saver.get_tuple(conf)
         assert got is not None and got.checkpoint["channel_values"] == {"text": text, "n": 1}
+
+
+def test_a_damaged_frame_reads_as_a_value_error(tmp_path: Any) -> None:
+    """A stored zstd frame that does not decompress: a read raised
+    zstandard's own ZstdError (not a ValueError, as a damaged msgpack value
+    is). It is now ``DamagedValueError``, both."""
+    saver = KVSaver(str(tmp_path / "s"))
+    cp = empty_checkpoint()
+    cp["channel_values"] = {"a": "some text that compresses " * 200}
+    cp["channel_versions"] = {"a": "1"}
+    conf = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    saver.put(conf, cp, {}, {"a": "1"})
+    key = S.blob_key("t", "", "a", "1")
+    with saver.store.read() as txn:
+        raw = txn.get(key)
+    n = len(S.BLOB_PREFIX_MSGPACK_ZST)
+    assert raw is not None and raw.startswith(S.BLOB_PREFIX_MSGPACK_ZST)
+    saver.store.transact(lambda txn: txn.put(key, raw[: n + 4] + b"\xff" * 6 + raw[n + 10 :]))
+    saver.close()
+    with KVSaver(str(tmp_path / "s")) as fresh:  # nothing cached
+        with pytest.raises(C.DamagedValueError, match="does not decompress") as caught:
+            fresh.get_tuple(conf)
+    assert isinstance(caught.value, ValueError) and isinstance(caught.value, zstandard.ZstdError)
