@@ -329,6 +329,7 @@ class _Env:
         # with last_txnid()): the first, psize - 8 bytes skipped, the second.
         self.txnids = struct.Struct(f"<Q{self.psize - _TXNID.size}xQ").unpack_from
         self.readers_checked_at = self.used_bytes()  # see check_readers()
+        self.mapsize = int(self.env.info()["map_size"])  # see set_mapsize()
         # Last: check_fork()'s unlocked fast path reads pid, so another thread
         # of a forked child must not see our pid before the new env is ready.
         self.pid = os.getpid()
@@ -488,6 +489,14 @@ class _Env:
     def map_size(self) -> int:
         return int(self.env.info()["map_size"])
 
+    def set_mapsize(self, size: int) -> None:
+        """``env.set_mapsize`` (0: adopt the size another process grew the
+        map to), and the size it leaves kept in ``mapsize``: LMDB changes an
+        environment's map size only here, so ensure_headroom reads it there
+        instead of asking env.info() at every write."""
+        self.env.set_mapsize(size)
+        self.mapsize = int(self.env.info()["map_size"])
+
     def used_bytes(self) -> int:
         return (int(self.env.info()["last_pgno"]) + 1) * self.psize
 
@@ -500,7 +509,7 @@ class _Env:
         cap = self.options["max_size"]
         with self.gate.exclusive():
             if adopt_only:
-                self.env.set_mapsize(0)
+                self.set_mapsize(0)
                 return
             current = self.map_size()
             target = max(current * 2, (minimum or 0) * 2, current + (1 << 20))
@@ -511,7 +520,7 @@ class _Env:
                     if self.commit_noop():
                         return  # the caller retries; the freed pages are usable now
                     if shrinking and current < _with_reserve(cap):
-                        self.env.set_mapsize(_with_reserve(cap))  # settle_cap() undoes it
+                        self.set_mapsize(_with_reserve(cap))  # settle_cap() undoes it
                         self.over_cap = True
                         return
                     raise StoreFullError(
@@ -521,7 +530,7 @@ class _Env:
                     )
                 target = min(target, cap)
             target = (target + _PAGE - 1) // _PAGE * _PAGE
-            self.env.set_mapsize(target)
+            self.set_mapsize(target)
 
     def settle_cap(self, cleaned: bool) -> None:
         """After a delete-only commit (``cleaned``) at the cap: one no-op commit,
@@ -537,9 +546,9 @@ class _Env:
             if not self.over_cap and self.map_size() < cap:
                 return  # not at the cap: nothing to settle
             if cleaned:
-                self.env.set_mapsize(_with_reserve(cap))
+                self.set_mapsize(_with_reserve(cap))
                 self.commit_noop()
-            self.env.set_mapsize(cap)
+            self.set_mapsize(cap)
             self.over_cap = False
 
     def commit_noop(self) -> bool:
@@ -586,7 +595,10 @@ class _Env:
         if self.headroom_skips:
             self.headroom_skips -= 1
             return
-        used, size = self.sizes()
+        # Not sizes(): env.info() releases the GIL, and at every write that
+        # was a hand-off to the threads preparing their next request (as in
+        # zero_ahead, issue #13); the meta pages and mapsize say the same.
+        used, size = self.used_by_meta(), self.mapsize
         self.check_readers(used)
         cap = self.options["max_size"]
         if used * 2 > size and (cap is None or size < cap):

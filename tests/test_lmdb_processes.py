@@ -371,8 +371,8 @@ def test_a_write_does_not_call_env_info(tmp_path: Path) -> None:
     """A write transaction's zero-ahead check asked env.info() for the pages
     in use at every write; info() releases the GIL, so a group-commit leader
     gave it to the writer threads preparing their next request and waited to
-    get it back (issue #13). Now only when zeroing (or the headroom check,
-    one write in 16) is due."""
+    get it back (issue #13). Now only when zeroing is due (the headroom
+    check: see the next test)."""
     store = LMDBStore(str(tmp_path / "s"))
     with store.write() as txn:  # zeroes ahead, and leaves headroom checks off a while
         txn.put(b"k", b"v")
@@ -382,6 +382,31 @@ def test_a_write_does_not_call_env_info(tmp_path: Path) -> None:
         store.transact(lambda txn: txn.put(b"j", b"x"))
     with store.read() as txn:
         assert (txn.get(b"k"), txn.get(b"j")) == (b"w", b"x")
+    store.close()
+
+
+def test_the_headroom_check_does_not_call_env_info(tmp_path: Path) -> None:
+    """With a quarter to a half of the map in use (nearly always, right after
+    the map doubled), the headroom check ran at every write and asked
+    env.info(), which releases the GIL (issue #13). It reads the meta pages
+    and the map size kept by set_mapsize instead, and still grows the map
+    before more than half of it is in use."""
+    store = LMDBStore(str(tmp_path / "s"), map_size=1 << 20)
+    env = store._env
+    for i in range(8):  # about a third of the map
+        with store.write() as txn:
+            txn.put(b"a%d" % i, b"x" * 40_000)
+    used, size = env.sizes()
+    assert size == 1 << 20 and size // 4 < used < size // 2, (used, size)
+    with _without_env_info(store, "in the headroom check"):
+        for i in range(20):
+            store.transact(lambda txn, i=i: txn.put(b"b%d" % i, b"y" * 100))
+    assert env.headroom_skips == 0  # the check itself ran, at every write
+    for i in range(8):  # past half: grown before the write
+        with store.write() as txn:
+            txn.put(b"c%d" % i, b"z" * 40_000)
+    used, size = env.sizes()
+    assert size > 1 << 20 and used * 2 <= size and env.mapsize == size
     store.close()
 
 
