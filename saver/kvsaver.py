@@ -1341,11 +1341,17 @@ _BACKENDS: dict[str, _Backend] = {
     "memory": _Backend(MemoryStore, takes_path=False),
     "postgres": _Backend(lambda url, **kw: _open_postgres(str(url), **kw), _POSTGRES_OPTIONS),
 }
-# KVSaver's own keyword options, for the "did you mean" of a misspelled one.
-_SAVER_OPTIONS = (
-    *("serde", "readonly", "backend", "compress", "compress_threshold"),
-    *("retention", "clock"),
-)
+
+
+def _saver_options(chosen: str) -> list[str]:
+    """KVSaver's own keyword options (read from its signature, so a new one
+    is never missing from the "did you mean" of a misspelled one), without
+    those of the store (durability, max_size: in ``_BACKENDS``) and, for
+    ':memory:' and a URL, without ``backend``, which they refuse."""
+    params = inspect.signature(KVSaver.__init__).parameters.values()
+    own = [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    skip = {"durability", "max_size", *(["backend"] if chosen in ("memory", "postgres") else [])}
+    return [name for name in own if name not in skip]
 
 
 def _choose_backend(
@@ -1394,7 +1400,7 @@ def _choose_backend(
                 f"KVSaver option {name!r} applies only to the {' and '.join(owners)} "
                 f"backend, not to {where}: {theirs}"
             )
-        known = sorted({*_SAVER_OPTIONS, *valid})
+        known = sorted({*_saver_options(chosen), *valid})
         close = difflib.get_close_matches(name, [*known, *_all_store_options()], n=1)
         hint = f"; did you mean {close[0]!r}?" if close else "."
         raise TypeError(

@@ -573,7 +573,9 @@ def _open_dest(
                 return None, False
             return KVSaver(path, readonly=True, **options), True
         return KVSaver(path, **options), True
-    except (KVError, OSError) as e:
+    except (KVError, OSError, TypeError, ValueError) as e:
+        # TypeError, ValueError: KVSaver refusing an option for this backend
+        # (``--durability`` with a PostgreSQL URL), a refused destination too.
         raise MigrationError(f"cannot open the destination {path}: {e}") from None
 
 

@@ -128,6 +128,22 @@ def test_misspelled_option_names_it_and_the_valid_ones(tmp_path: Path) -> None:
         KVSaver(":memory:", zzz=1)
 
 
+@pytest.mark.parametrize(
+    ("typo", "meant"), [("whole_lates", "whole_latest"), ("async_thread", "async_threads")]
+)
+def test_every_saver_option_is_suggested_and_listed(typo: str, meant: str) -> None:
+    """The list of KVSaver's own options was written by hand and missed the
+    two added last; it is read from the signature now. ':memory:' refuses
+    ``backend=``, so its list does not offer it."""
+    with pytest.raises(TypeError) as err:
+        KVSaver(":memory:", **{typo: 1})
+    msg = str(err.value)
+    assert f"did you mean {meant!r}?" in msg
+    valid = msg.split("Valid options for ':memory:': ")[1].split(", ")
+    assert {"whole_latest", "async_threads", "serde", "retention"} <= set(valid)
+    assert "backend" not in valid and "durability" not in valid
+
+
 @pytest.mark.parametrize("option", ["durability", "max_size", "map_size", "max_readers"])
 def test_lmdb_options_are_refused_elsewhere(tmp_path: Path, option: str) -> None:
     value = {"durability": "none"}.get(option, 1 << 20)

@@ -462,6 +462,19 @@ def test_destination_that_is_not_a_store_is_refused(graphs_db, tmp_path, capsys)
     assert sorted(p.name for p in dest.iterdir()) == ["cat.jpg"]
 
 
+def test_an_option_the_destination_refuses_is_a_refusal(graphs_db, capsys):
+    """``--durability`` is an LMDB option: with a PostgreSQL URL KVSaver
+    raised TypeError, which escaped as a traceback and exit 1, the code of a
+    verification that found a difference. Refused before any connection."""
+    url = "postgresql://nobody@127.0.0.1:1/none"
+    for extra in ([], ["--dry-run"]):
+        rc, _, err = cli(capsys, graphs_db, url, "--durability", "meta", *extra)
+        assert rc == 2, err
+        assert f"cannot open the destination {url}" in err
+        assert "'durability' applies only to the lmdb backend" in err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_verification_mismatch_shows_first_difference(graphs_db, tmp_path, capsys):
     dest = str(tmp_path / "state")
     migrate_from_sqlite(graphs_db, dest, verify=False)
