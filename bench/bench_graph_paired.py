@@ -20,7 +20,9 @@ x_inmemory, the medians of per-round ratios of those overheads; for the LMDB
 rows, commits_per_superstep: LMDB write transactions committed (its txnid
 advances by one per commit, and each durable commit is two device flushes)
 per checkpoint written, median over rounds. SqliteSaver commits once per put
-and once per put_writes (10 invokes per thread: 1.8 per checkpoint).
+and once per put_writes (10 invokes per thread: 1.8 per checkpoint). For the
+memory rows, saver_cpu_us_per_superstep and x_inmemory_saver_cpu: the thread
+CPU inside the saver's calls alone (see _time_calls).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ def _paired(benchmark: Any, group: str, run: Callable[..., None], rows: list[str
     cpu: dict[str, list[float]] = {r: [] for r in [*rows, NONE]}
     steps: dict[str, int] = {}
     commits: dict[str, list[float]] = {}
+    inside: dict[str, list[float]] = {}  # CPU inside the saver's calls (memory rows)
     counter = itertools.count()
 
     def one_round(r: int) -> None:
@@ -71,6 +74,7 @@ def _paired(benchmark: Any, group: str, run: Callable[..., None], rows: list[str
             workdir = tempfile.mkdtemp(prefix="kvs-gp-")
             saver = None if row == NONE else _saver(row, workdir)
             try:
+                spent = _time_calls(saver) if row in (KV_MEM, INMEM) else None
                 graph = plain if saver is None else build_agent(saver)
                 txnid = _txnid(saver)
                 w0, c0 = time.perf_counter(), time.process_time()
@@ -79,6 +83,8 @@ def _paired(benchmark: Any, group: str, run: Callable[..., None], rows: list[str
                 cpu[row].append(time.process_time() - c0)
                 if saver is not None:
                     steps[row] = count_checkpoints(saver, f"p{r}")
+                if spent is not None:
+                    inside.setdefault(row, []).append(spent[0] / steps[row])
                 if txnid is not None:
                     done = _txnid(saver)
                     assert done is not None
@@ -111,7 +117,33 @@ def _paired(benchmark: Any, group: str, run: Callable[..., None], rows: list[str
         x_sqlite_cpu=x(oc, SQLITE),
         x_inmemory_cpu=x(oc, INMEM),
         commits_per_superstep={r: round(median(v), 2) for r, v in commits.items()},
+        saver_cpu_us_per_superstep={r: round(median(v) * 1e6, 1) for r, v in inside.items()},
+        x_inmemory_saver_cpu=x(inside, INMEM),
     )
+
+
+def _time_calls(saver: Any) -> list[float]:
+    """Wrap the saver's methods a graph calls so that the thread CPU spent
+    inside them adds up in the returned one-item list: the CPU rows' process
+    CPU minus a run without a checkpointer is a small difference of large
+    numbers (the graph's own work, the collector), this is the saver's alone
+    (the method bench/ab_cpu13.py uses). Only for the memory rows: their
+    wall-clock time is no row of the issue."""
+    spent = [0.0]
+
+    def timed(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*a: Any, **kw: Any) -> Any:
+            t0 = time.thread_time()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[0] += time.thread_time() - t0  # GIL held: no race on +=
+
+        return call
+
+    for name in ("put", "put_writes", "get_tuple", "get_next_version"):
+        setattr(saver, name, timed(getattr(saver, name)))
+    return spent
 
 
 def _txnid(saver: Any) -> int | None:
