@@ -137,7 +137,10 @@ def _time_calls(saver: Any) -> list[float]:
             try:
                 return fn(*a, **kw)
             finally:
-                spent[0] += time.thread_time() - t0  # GIL held: no race on +=
+                # The time first: with a call between reading spent[0] and
+                # writing it back, another thread's additions were lost.
+                dt = time.thread_time() - t0
+                spent[0] += dt
 
         return call
 

@@ -1,7 +1,7 @@
 """saver: KVSaver, a LangGraph checkpoint saver over the ``kv`` engine."""
 
 from .compression import CompressingSerializer, EncryptedValueError
-from .kvsaver import KVSaver
+from .kvsaver import KVSaver, OptionError
 from .retention import Retention, SweepReport
 from .stats import StoreStats, ThreadStats
 
@@ -9,6 +9,7 @@ __all__ = [
     "CompressingSerializer",
     "EncryptedValueError",
     "KVSaver",
+    "OptionError",
     "Retention",
     "StoreStats",
     "SweepReport",

@@ -70,13 +70,20 @@ from . import threads as TH
 from . import upgrade as U
 from ._compat import HAS_DELTA_CHANNELS, DeltaChannelHistory, writes_sort_key
 
-__all__ = ["KVSaver"]
+__all__ = ["KVSaver", "OptionError"]
 
 T = TypeVar("T")
 _LIST_CHUNK = 32
 # Issue #13: the threads of a saver's async calls on a local store (see _run).
 _ASYNC_THREADS = 32
 _ASYNC_THREAD_NAME = "kvsaver-async"
+
+
+class OptionError(TypeError):
+    """A keyword option KVSaver does not take, or not for this backend (a
+    misspelling, ``durability=`` with a PostgreSQL URL): raised before
+    anything is opened, so a caller such as the migration tool can report it
+    as the refusal it is without mistaking any other TypeError for one."""
 
 
 def _configurable(config: RunnableConfig | None, what: str) -> Mapping[str, Any]:
@@ -1362,7 +1369,7 @@ def _choose_backend(
     if isinstance(path_or_store, Store):
         if backend is not None or options:
             given = ", ".join(sorted({*options, *(["backend"] if backend else [])}))
-            raise TypeError(
+            raise OptionError(
                 f"KVSaver(store): {given} apply only when KVSaver opens the store itself; "
                 "pass them to the store's constructor instead"
             )
@@ -1396,14 +1403,14 @@ def _choose_backend(
                 if valid
                 else "it takes no store options"
             )
-            raise TypeError(
+            raise OptionError(
                 f"KVSaver option {name!r} applies only to the {' and '.join(owners)} "
                 f"backend, not to {where}: {theirs}"
             )
         known = sorted({*_saver_options(chosen), *valid})
         close = difflib.get_close_matches(name, [*known, *_all_store_options()], n=1)
         hint = f"; did you mean {close[0]!r}?" if close else "."
-        raise TypeError(
+        raise OptionError(
             f"KVSaver got an unexpected keyword argument {name!r}{hint} "
             f"Valid options for {where}: {', '.join(known)}"
         )

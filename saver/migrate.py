@@ -91,7 +91,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from . import delta as D
 from . import schema as S
 from .compression import CompressingSerializer
-from .kvsaver import KVSaver
+from .kvsaver import KVSaver, OptionError
 
 if TYPE_CHECKING:
     from langgraph.checkpoint.sqlite import SqliteSaver
@@ -573,9 +573,9 @@ def _open_dest(
                 return None, False
             return KVSaver(path, readonly=True, **options), True
         return KVSaver(path, **options), True
-    except (KVError, OSError, TypeError, ValueError) as e:
-        # TypeError, ValueError: KVSaver refusing an option for this backend
-        # (``--durability`` with a PostgreSQL URL), a refused destination too.
+    except (KVError, OSError, OptionError) as e:
+        # OptionError: an option this destination's backend does not take
+        # (``--durability`` with a PostgreSQL URL), refused before opening.
         raise MigrationError(f"cannot open the destination {path}: {e}") from None
 
 

@@ -137,6 +137,7 @@ def test_every_saver_option_is_suggested_and_listed(typo: str, meant: str) -> No
     ``backend=``, so its list does not offer it."""
     with pytest.raises(TypeError) as err:
         KVSaver(":memory:", **{typo: 1})
+    assert isinstance(err.value, kvsaver.OptionError)  # what the migration tool catches
     msg = str(err.value)
     assert f"did you mean {meant!r}?" in msg
     valid = msg.split("Valid options for ':memory:': ")[1].split(", ")

@@ -475,6 +475,18 @@ def test_an_option_the_destination_refuses_is_a_refusal(graphs_db, capsys):
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_bug_while_opening_the_destination_is_not_a_refusal(graphs_db, tmp_path, monkeypatch):
+    """Only KVSaver's own OptionError is a refusal: a TypeError from
+    anywhere else in opening the store (a bug) keeps its type and traceback."""
+
+    def broken(self: Any) -> None:
+        raise TypeError("a bug in opening")
+
+    monkeypatch.setattr(KVSaver, "_check_schema", broken)
+    with pytest.raises(TypeError, match="a bug in opening"):
+        migrate_from_sqlite(graphs_db, str(tmp_path / "state"))
+
+
 def test_verification_mismatch_shows_first_difference(graphs_db, tmp_path, capsys):
     dest = str(tmp_path / "state")
     migrate_from_sqlite(graphs_db, dest, verify=False)
