@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -481,8 +482,47 @@ def serialize_put(serde: Any, a: PutArgs) -> None:
     serde.dumps_typed(a.metadata)
 
 
-def raw_lmdb(path: str, zeroed: bool = False) -> lmdb.Environment:
-    """A py-lmdb environment with exactly KVSaver's settings (durability "full").
+class SaverClock:
+    """Accumulates the time spent inside a saver's ``methods`` (any thread),
+    by ``clock``: ``time.perf_counter`` for wall-clock time, or
+    ``time.thread_time`` for the CPU of the calling threads alone (what
+    the CPU rows of issue #13 need: a graph's process CPU minus a run with
+    no checkpointer is a small difference of large numbers)."""
+
+    METHODS = ("put", "put_writes", "get_tuple")
+    # What a graph calls of a saver (the CPU rows).
+    GRAPH_METHODS = (*METHODS, "get_next_version")
+
+    def __init__(
+        self,
+        saver: Any,
+        clock: Callable[[], float] = time.perf_counter,
+        methods: Sequence[str] = METHODS,
+    ) -> None:
+        self.total = 0.0
+        self._clock = clock
+        self._lock = threading.Lock()
+        for name in methods:
+            setattr(saver, name, self._timed(getattr(saver, name)))
+
+    def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        clock = self._clock
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                dt = clock() - t0
+                with self._lock:  # += reads, then writes: threads would lose additions
+                    self.total += dt
+
+        return timed
+
+
+def raw_lmdb(path: str, zeroed: bool = False, metasync: bool = True) -> lmdb.Environment:
+    """A py-lmdb environment with exactly KVSaver's settings (durability "full";
+    ``metasync=False``: its "meta").
 
     ``zeroed``: the data file is first written with 16 MiB of zeros past
     LMDB's pages and synced, as KVSaver keeps its file (kv/lmdb_store.py,
@@ -499,7 +539,7 @@ def raw_lmdb(path: str, zeroed: bool = False) -> lmdb.Environment:
         readahead=False,
         lock=True,
         sync=True,
-        metasync=True,
+        metasync=metasync,
     )
     if zeroed:
         raw_commit(env, [(b"\x00", b"")])  # the file exists, with its meta pages

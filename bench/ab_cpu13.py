@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _workloads import build_agent, run_invokes, run_loop
+from _workloads import SaverClock, build_agent, run_invokes, run_loop
 from kvsaver import KVSaver
 from langgraph.checkpoint.memory import InMemorySaver
 
@@ -65,27 +65,13 @@ def graph_cpu(make: Any, run: Any, threads: int, tag: str) -> tuple[float, float
     checkpoints written). The second excludes the graph's own work, so it is
     far less noisy on a loaded machine."""
     saver = make()
-    inside = [0.0]
-
-    def timed_method(fn: Any) -> Any:
-        def call(*a: Any, **kw: Any) -> Any:
-            t0 = time.thread_time()
-            try:
-                return fn(*a, **kw)
-            finally:
-                dt = time.thread_time() - t0  # first: see bench_graph_paired._time_calls
-                inside[0] += dt
-
-        return call
-
-    for name in ("put", "put_writes", "get_tuple", "get_next_version"):
-        setattr(saver, name, timed_method(getattr(saver, name)))
+    clock = SaverClock(saver, time.thread_time, SaverClock.GRAPH_METHODS)
     graph = build_agent(saver)
     t0 = time.process_time()
     run(graph, tag, True, threads=threads)
     cpu = time.process_time() - t0
     n = sum(1 for _ in saver.list(None))
-    return cpu, inside[0], n
+    return cpu, clock.total, n
 
 
 def _row(per: dict, ratios: dict, names: list[str], digits: int) -> str:

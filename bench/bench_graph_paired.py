@@ -22,7 +22,7 @@ advances by one per commit, and each durable commit is two device flushes)
 per checkpoint written, median over rounds. SqliteSaver commits once per put
 and once per put_writes (10 invokes per thread: 1.8 per checkpoint). For the
 memory rows, saver_cpu_us_per_superstep and x_inmemory_saver_cpu: the thread
-CPU inside the saver's calls alone (see _time_calls).
+CPU inside the saver's calls alone (_workloads.SaverClock).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from _workloads import (
     KV_LMDB,
     KV_MEM,
     SQLITE,
+    SaverClock,
     build_agent,
     close_saver,
     count_checkpoints,
@@ -74,7 +75,9 @@ def _paired(benchmark: Any, group: str, run: Callable[..., None], rows: list[str
             workdir = tempfile.mkdtemp(prefix="kvs-gp-")
             saver = None if row == NONE else _saver(row, workdir)
             try:
-                spent = _time_calls(saver) if row in (KV_MEM, INMEM) else None
+                clock = None
+                if row in (KV_MEM, INMEM):  # the CPU inside the saver's calls alone
+                    clock = SaverClock(saver, time.thread_time, SaverClock.GRAPH_METHODS)
                 graph = plain if saver is None else build_agent(saver)
                 txnid = _txnid(saver)
                 w0, c0 = time.perf_counter(), time.process_time()
@@ -83,8 +86,8 @@ def _paired(benchmark: Any, group: str, run: Callable[..., None], rows: list[str
                 cpu[row].append(time.process_time() - c0)
                 if saver is not None:
                     steps[row] = count_checkpoints(saver, f"p{r}")
-                if spent is not None:
-                    inside.setdefault(row, []).append(spent[0] / steps[row])
+                if clock is not None:
+                    inside.setdefault(row, []).append(clock.total / steps[row])
                 if txnid is not None:
                     done = _txnid(saver)
                     assert done is not None
@@ -120,33 +123,6 @@ def _paired(benchmark: Any, group: str, run: Callable[..., None], rows: list[str
         saver_cpu_us_per_superstep={r: round(median(v) * 1e6, 1) for r, v in inside.items()},
         x_inmemory_saver_cpu=x(inside, INMEM),
     )
-
-
-def _time_calls(saver: Any) -> list[float]:
-    """Wrap the saver's methods a graph calls so that the thread CPU spent
-    inside them adds up in the returned one-item list: the CPU rows' process
-    CPU minus a run without a checkpointer is a small difference of large
-    numbers (the graph's own work, the collector), this is the saver's alone
-    (the method bench/ab_cpu13.py uses). Only for the memory rows: their
-    wall-clock time is no row of the issue."""
-    spent = [0.0]
-
-    def timed(fn: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*a: Any, **kw: Any) -> Any:
-            t0 = time.thread_time()
-            try:
-                return fn(*a, **kw)
-            finally:
-                # The time first: with a call between reading spent[0] and
-                # writing it back, another thread's additions were lost.
-                dt = time.thread_time() - t0
-                spent[0] += dt
-
-        return call
-
-    for name in ("put", "put_writes", "get_tuple", "get_next_version"):
-        setattr(saver, name, timed(getattr(saver, name)))
-    return spent
 
 
 def _txnid(saver: Any) -> int | None:

@@ -52,14 +52,12 @@ import sqlite3
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
 import zstandard
-from _workloads import disk_bytes
+from _workloads import SaverClock, disk_bytes
 from kvsaver import KVSaver, Retention
 from kvsaver.kv.lmdb_store import compact_lmdb
 from langchain_core.messages import AIMessage, HumanMessage
@@ -120,30 +118,6 @@ def build() -> StateGraph:
 
 
 # -- measuring ---------------------------------------------------------------------------
-
-
-class SaverClock:
-    """Accumulates the time spent inside a saver's methods (any thread)."""
-
-    METHODS = ("put", "put_writes", "get_tuple")
-
-    def __init__(self, saver: Any) -> None:
-        self.total = 0.0
-        self._lock = threading.Lock()
-        for name in self.METHODS:
-            setattr(saver, name, self._timed(getattr(saver, name)))
-
-    def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                dt = time.perf_counter() - t0
-                with self._lock:
-                    self.total += dt
-
-        return timed
 
 
 def median_ms(values: list[float]) -> float:

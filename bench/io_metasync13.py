@@ -14,7 +14,8 @@ durable as a "full" one. Meanwhile the next thread's commit may run: its data
 flush and our meta flush can overlap on the device.
 
 N threads (1, 2, 4) commit back to back (3 values of 300 bytes each, a
-put_writes' size), into a data file zeroed ahead as KVSaver keeps its own.
+put_writes' size), into a data file zeroed ahead as KVSaver keeps its own
+(bench/_workloads.raw_lmdb: KVSaver's settings).
 Each round runs every (mode, N) for ``--seconds``, in an order that rotates
 every round; reported: median commits/s, and the median over rounds of the
 per-round ratio split / full for each N.
@@ -31,34 +32,23 @@ import argparse
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import threading
 import time
 
 import lmdb
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _workloads import raw_lmdb
+
 VALUES = [os.urandom(300) for _ in range(3)]
 
 
 def make(path: str, metasync: bool) -> lmdb.Environment:
     shutil.rmtree(path, ignore_errors=True)
-    os.makedirs(path)
-    env = lmdb.open(
-        path,
-        map_size=256 << 20,
-        sync=True,
-        metasync=metasync,
-        max_spare_txns=0,
-        readahead=False,
-    )
-    with env.begin(write=True) as txn:
-        txn.put(b"\x00", b"")
-    with open(os.path.join(path, "data.mdb"), "r+b") as f:
-        f.seek(0, 2)
-        f.write(b"\x00" * (64 << 20))
-        f.flush()
-        os.fsync(f.fileno())
-    return env
+    return raw_lmdb(path, zeroed=True, metasync=metasync)
 
 
 def commits_per_second(env: lmdb.Environment, split: bool, threads: int, seconds: float) -> float:

@@ -177,19 +177,20 @@ def build(
     # large, costs no blob read.
     prev: dict[tuple[str, type, Any], Any] | None = None
     values: dict[str, Any] = {}
-    unread: list[tuple[str, Any]] = []
+    unread: list[tuple[str, Any, tuple[str, type, Any]]] = []
     size = hinted = 0
     for ch, v in versions.items():
         got = mine.get(ch)
-        if got is not None and version_key(ch, got[0]) == version_key(ch, v):
+        if got is not None and type(got[0]) is type(v) and got[0] == v:  # see version_key
             value = got[1]
         else:
             if prev is None:
                 prev = _previous(previous, parsed)
-            value = prev.get(version_key(ch, v), _MISSING)
+            vk = version_key(ch, v)
+            value = prev.get(vk, _MISSING)
             if value is _MISSING:
-                unread.append((ch, v))
-                hinted += sizes.get(version_key(ch, v), 0)
+                unread.append((ch, v, vk))
+                hinted += sizes.get(vk, 0)
                 continue
         if value is False:
             return None
@@ -197,12 +198,12 @@ def build(
         size += len(value) if value else 0
     if size + hinted > MAX_BYTES:
         return None
-    for ch, v in unread:
+    for ch, v, vk in unread:
         value = values[ch] = stored(ch, v)
         if value is False:
             return None
         if value:
-            sizes[version_key(ch, v)] = len(value)
+            sizes[vk] = len(value)
             size += len(value)
             if size > MAX_BYTES:
                 return None

@@ -1353,12 +1353,11 @@ _BACKENDS: dict[str, _Backend] = {
 def _saver_options(chosen: str) -> list[str]:
     """KVSaver's own keyword options (read from its signature, so a new one
     is never missing from the "did you mean" of a misspelled one), without
-    those of the store (durability, max_size: in ``_BACKENDS``) and, for
-    ':memory:' and a URL, without ``backend``, which they refuse."""
+    those it passes to a store (``_BACKENDS``: durability, max_size) and,
+    for ':memory:' and a URL, without ``backend``, which they do not take."""
     params = inspect.signature(KVSaver.__init__).parameters.values()
-    own = [p.name for p in params if p.kind is inspect.Parameter.KEYWORD_ONLY]
-    skip = {"durability", "max_size", *(["backend"] if chosen in ("memory", "postgres") else [])}
-    return [name for name in own if name not in skip]
+    skip = {*_all_store_options(), *(["backend"] if chosen in ("memory", "postgres") else [])}
+    return [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name not in skip]
 
 
 def _choose_backend(

@@ -131,3 +131,14 @@ def config(thread: str, ns: str = "", checkpoint_id: str | None = None) -> dict[
 
 def blob_keys(saver: KVSaver) -> list[tuple[Any, ...]]:
     return keys_of(saver.store, S.BLOB)
+
+
+def damage_zstd_blob(saver: KVSaver, key: bytes) -> None:
+    """Overwrite 6 bytes inside the zstd frame of the stored blob at ``key``
+    (asserted to be one) so that it no longer decompresses."""
+    with saver.store.read() as txn:
+        raw = txn.get(key)
+    n = len(S.BLOB_PREFIX_MSGPACK_ZST)
+    assert raw is not None and raw.startswith(S.BLOB_PREFIX_MSGPACK_ZST)
+    damaged = raw[: n + 4] + b"\xff" * 6 + raw[n + 10 :]
+    saver.store.transact(lambda txn: txn.put(key, damaged))

@@ -22,6 +22,7 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.base.id import uuid6
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from saver_helpers import damage_zstd_blob
 
 KEY = b"0123456789abcdef"
 
@@ -635,12 +636,7 @@ def test_a_damaged_frame_reads_as_a_value_error(tmp_path: Any) -> None:
     cp["channel_versions"] = {"a": "1"}
     conf = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
     saver.put(conf, cp, {}, {"a": "1"})
-    key = S.blob_key("t", "", "a", "1")
-    with saver.store.read() as txn:
-        raw = txn.get(key)
-    n = len(S.BLOB_PREFIX_MSGPACK_ZST)
-    assert raw is not None and raw.startswith(S.BLOB_PREFIX_MSGPACK_ZST)
-    saver.store.transact(lambda txn: txn.put(key, raw[: n + 4] + b"\xff" * 6 + raw[n + 10 :]))
+    damage_zstd_blob(saver, S.blob_key("t", "", "a", "1"))
     saver.close()
     with KVSaver(str(tmp_path / "s")) as fresh:  # nothing cached
         with pytest.raises(C.DamagedValueError, match="does not decompress") as caught:

@@ -22,7 +22,7 @@ from kvsaver import schema as S
 from kvsaver import threads as TH
 from kvsaver.kv.keys import unpack
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
-from saver_helpers import config, make_checkpoint, open_kv, tuple_dict
+from saver_helpers import config, damage_zstd_blob, make_checkpoint, open_kv, tuple_dict
 
 LOCAL = ["lmdb", "memory", "file"]
 HOSTILE = ["t", "", "a\x00b", "emoji 🧵", "x" * 10_000]
@@ -461,13 +461,7 @@ def test_a_damaged_compressed_blob_fails_no_put(tmp_path: Path) -> None:
     big = "some text that compresses " * 200  # stored zstd
     with KVSaver(tmp_path / "s") as saver:
         put(saver, "t", "1", {"a": big, "b": 1}, {"a": "1", "b": "1"}, {"a": "1", "b": "1"})
-        key = S.blob_key("t", "", "a", "1")
-        with saver.store.read() as txn:
-            raw = txn.get(key)
-        n = len(S.BLOB_PREFIX_MSGPACK_ZST)
-        assert raw is not None and raw.startswith(S.BLOB_PREFIX_MSGPACK_ZST)
-        damaged = raw[: n + 4] + b"\xff" * 6 + raw[n + 10 :]
-        saver.store.transact(lambda txn: txn.put(key, damaged))
+        damage_zstd_blob(saver, S.blob_key("t", "", "a", "1"))
     with KVSaver(tmp_path / "s", whole_latest=True) as saver:
         put(saver, "t", "2", {"a": big, "b": 2}, {"a": "1", "b": "2"}, {"b": "2"}, "1")
         assert heads(saver) == {}
