@@ -117,6 +117,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from langgraph.constants import START
 
 from . import compression as C
+from . import elements as E
 from . import heads as H
 from . import schema as S
 from ._msgpack import header, make_header
@@ -242,6 +243,14 @@ class Codec:
         )
         self.inner = self.comp.serde if self.comp is not None else mid
         self.enabled = isinstance(self.inner, JsonPlusSerializer)
+        # Lists serialized element by element, reusing the bytes of the
+        # elements unchanged since the previous put (``elements``): only
+        # under JsonPlusSerializer's own ``dumps_typed``.
+        self.elements = (
+            E.Elements()
+            if E.ENABLED and type(self.inner).dumps_typed is JsonPlusSerializer.dumps_typed
+            else None
+        )
         # Whether head records can be made (issue #13, ``heads``): of the
         # inner serializer's msgpack, never in the clear when values are encrypted.
         self.heads = self.enabled and self.enc is None and not self.custom
@@ -474,7 +483,10 @@ class Codec:
             # Serialized once, for the blob and, with ``heads``, the head
             # (the stack is [encryption](compression(JsonPlusSerializer)):
             # ``wrap`` of the inner bytes is ``dumps``).
-            typ, data = self.inner.dumps_typed(v)
+            data = None
+            if self.elements is not None and type(v) is list:
+                data = self.elements.dumps((thread, ns, ch), v)
+            typ, data = ("msgpack", data) if data is not None else self.inner.dumps_typed(v)
             hb = H.plain_of(typ, data) if heads else False
             if type(v) is list:
                 if typ == "msgpack" and len(data) >= self.min_bytes and header(data):

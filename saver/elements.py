@@ -1,0 +1,202 @@
+"""A message list's msgpack made element by element, reusing the bytes of the
+elements a put already serialized (issue #13, the CPU of a put).
+
+A graph's message history gains a message or two per step, and every put of
+the channel serializes the whole list again: ``JsonPlusSerializer`` dumps each
+message through pydantic (``model_dump``) and a Python hook, ~7 µs a message,
+so a put of a 30-message history spent ~220 µs on messages it had serialized
+at the previous step (InMemorySaver pays the same). A msgpack array is its
+header followed by its elements, each serialized on its own, so the list's
+bytes are ``make_header(n) + b"".join(bytes of each element)``; this module
+keeps, per (thread, namespace, channel), the bytes of the elements of the
+list it serialized last, and serializes again only the elements it cannot
+prove unchanged.
+
+**When an element's bytes are reused.** The element must be the very object
+serialized before (``is``: the cache holds a reference, so its id cannot be
+reused by another object), of the same class, and its state must be
+unchanged: the fingerprint, ormsgpack's bytes of its ``__dict__`` and
+``__pydantic_extra__`` with a ``default`` that refuses every type ormsgpack
+does not encode natively, must equal the one taken when its bytes were made.
+Those bytes are exact (``1``, ``1.0`` and ``True`` differ; so does a key
+order), so a message changed in place (its content edited, a key added to
+``additional_kwargs``, an id set by ``add_messages``) is serialized again.
+What the serializer makes of a pydantic model is ``model_dump()``'s output,
+which for a class with no computed fields and no model or field serializers
+of its own (the check of ``_plain_model``; LangChain's messages qualify) is a
+function of those fields alone. Anything else is not cached: a list with an
+element of another kind (a dict, a str, a model with its own serializers),
+an element whose fields hold a value ormsgpack does not encode natively (a
+datetime, a nested model), a serializer other than ``JsonPlusSerializer``'s
+own ``dumps_typed``; then the list is serialized whole, as before.
+
+A probe at import checks the one assumption about the serializer: that its
+bytes of a list are the header followed by its bytes of each element. If a
+LangGraph release ever breaks it, the module turns itself off.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
+from typing import Any, NamedTuple
+
+import ormsgpack
+from langgraph.checkpoint.serde import jsonplus as _jsonplus
+from pydantic import BaseModel
+
+from ._msgpack import make_header
+
+__all__ = ["CACHE_BYTES", "Elements"]
+
+CACHE_BYTES = 16 << 20  # fingerprints and element bytes kept, all channels
+
+_enc: Any = getattr(_jsonplus, "_msgpack_enc", None)
+_option: int = getattr(_jsonplus, "_option", 0)
+
+
+def _refuse(obj: Any) -> Any:
+    raise TypeError("not plain data")  # a fingerprint holds only what ormsgpack encodes exactly
+
+
+def _fingerprint(e: Any) -> bytes:
+    return ormsgpack.packb((e.__dict__, e.__pydantic_extra__), default=_refuse, option=_option)
+
+
+_PLAIN: dict[type, bool] = {}
+
+
+def _plain_model(cls: type) -> bool:
+    """Whether ``model_dump()`` of ``cls`` is a function of its fields' values."""
+    known = _PLAIN.get(cls)
+    if known is None:
+        known = False
+        if issubclass(cls, BaseModel):
+            decorators = getattr(cls, "__pydantic_decorators__", None)
+            known = (
+                decorators is not None
+                and not getattr(cls, "__pydantic_computed_fields__", None)
+                and not decorators.model_serializers
+                and not decorators.field_serializers
+            )
+        _PLAIN[cls] = known
+    return known
+
+
+class _Probe(BaseModel):
+    text: str
+    meta: dict[str, Any]
+
+
+def _probe() -> bool:
+    if _enc is None:
+        return False
+    items = [_Probe(text="a", meta={"k": [1, 2.5, True]}), _Probe(text="b" * 40, meta={})]
+    try:
+        return make_header(2) + b"".join(_enc(e) for e in items) == _enc(items)
+    except Exception:
+        return False
+
+
+ENABLED = _probe()
+
+
+class _Held(NamedTuple):
+    """What ``Elements`` keeps of the list it serialized last for a key."""
+
+    objs: list[Any]  # the elements (references: their ids stay theirs)
+    fps: list[bytes]  # each element's fingerprint
+    encs: list[bytes]  # each element's bytes
+    fp_all: bytes  # the msgpack array of the fingerprints: one compare for a prefix
+    enc_body: bytes  # the elements' bytes joined
+    size: int
+
+
+class Elements:
+    """The elements' bytes of the list last serialized per key, least
+    recently used keys out past ``max_bytes``. Thread-safe: what is kept is
+    checked on use (objects, fingerprints), whoever stored it."""
+
+    def __init__(self, max_bytes: int = CACHE_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self.size = 0
+        self.lists: OrderedDict[Hashable, _Held] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def dumps(self, key: Hashable, value: list[Any]) -> bytes | None:
+        """The serializer's msgpack of ``value`` (``_msgpack_enc(value)``),
+        or None when this module does not make it (the caller serializes the
+        list whole: the serializer's own errors and fallbacks then apply)."""
+        if not ENABLED or not value or not all(map(_plain_model, set(map(type, value)))):
+            return None
+        held = self.lists.get(key)
+        try:
+            if held is not None and len(held.objs) <= len(value):
+                made = self._extend(held, key, value)
+                if made is not None:
+                    return made
+            return self._whole(held, key, value)
+        except Exception:  # not plain data, or the serializer's own error
+            self._drop(key)
+            return None
+
+    def _extend(self, held: _Held, key: Hashable, value: list[Any]) -> bytes | None:
+        """The common case: ``value`` starts with the very elements of the
+        list kept, unchanged (one fingerprint of them all); None otherwise."""
+        k = len(held.objs)
+        if not all(map(operator.is_, value, held.objs)):
+            return None
+        head = value[:k]
+        fp = ormsgpack.packb(
+            [(e.__dict__, e.__pydantic_extra__) for e in head], default=_refuse, option=_option
+        )
+        if fp != held.fp_all:
+            return None
+        new = value[k:]
+        fps = [_fingerprint(e) for e in new]
+        encs = [_enc(e) for e in new]
+        body = held.enc_body + b"".join(encs) if new else held.enc_body
+        self._keep(key, value, held.fps + fps, held.encs + encs, body)
+        return make_header(len(value)) + body
+
+    def _whole(self, held: _Held | None, key: Hashable, value: list[Any]) -> bytes:
+        """Element by element: an element kept and unchanged reuses its bytes."""
+        at = {id(o): i for i, o in enumerate(held.objs)} if held is not None else {}
+        fps: list[bytes] = []
+        encs: list[bytes] = []
+        for e in value:
+            fp = _fingerprint(e)
+            i = at.get(id(e))
+            if i is not None and held is not None and held.objs[i] is e and held.fps[i] == fp:
+                encs.append(held.encs[i])
+            else:
+                encs.append(_enc(e))
+            fps.append(fp)
+        body = b"".join(encs)
+        self._keep(key, value, fps, encs, body)
+        return make_header(len(value)) + body
+
+    def _keep(
+        self, key: Hashable, value: list[Any], fps: list[bytes], encs: list[bytes], body: bytes
+    ) -> None:
+        fp_all = make_header(len(fps)) + b"".join(fps)
+        size = 2 * (len(fp_all) + len(body))  # the lists and their joins
+        with self.lock:
+            old = self.lists.pop(key, None)
+            if old is not None:
+                self.size -= old.size
+            if size > self.max_bytes >> 2:
+                return  # one list that would crowd out the others: not kept
+            self.lists[key] = _Held(list(value), fps, encs, fp_all, body, size)
+            self.size += size
+            while self.size > self.max_bytes:
+                _, gone = self.lists.popitem(last=False)
+                self.size -= gone.size
+
+    def _drop(self, key: Hashable) -> None:
+        with self.lock:
+            old = self.lists.pop(key, None)
+            if old is not None:
+                self.size -= old.size

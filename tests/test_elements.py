@@ -1,0 +1,234 @@
+"""saver/elements.py: a list's msgpack made element by element is the
+serializer's own, whatever happened to the elements since (issue #13)."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kvsaver import KVSaver
+from kvsaver import elements as E
+from langchain_core.messages import AIMessage, HumanMessage, RemoveMessage, ToolMessage
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer, _msgpack_enc
+from pydantic import BaseModel, computed_field, field_serializer
+
+
+def _msgs(n: int, start: int = 0) -> list[Any]:
+    out: list[Any] = []
+    for i in range(start, start + n):
+        if i % 3 == 0:
+            out.append(HumanMessage(content=f"question {i} " * 5, id=f"h{i}"))
+        elif i % 3 == 1:
+            out.append(
+                AIMessage(
+                    content=f"answer {i}",
+                    id=f"a{i}",
+                    tool_calls=[{"name": "search", "args": {"q": i}, "id": f"c{i}"}],
+                    response_metadata={"tokens": i, "nested": {"k": [i, 1.5]}},
+                )
+            )
+        else:
+            out.append(ToolMessage(content=f"result {i}", tool_call_id=f"c{i - 1}", id=f"t{i}"))
+    return out
+
+
+def test_the_probe_finds_the_serializer_as_assumed() -> None:
+    # Everything else in this file would pass with the module turned off.
+    assert E.ENABLED
+    assert KVSaver(":memory:").serde is not None
+    from kvsaver import delta as D
+
+    assert D.codec(KVSaver(":memory:").serde).elements is not None
+
+
+def test_an_extended_list_serializes_only_its_new_elements(monkeypatch: Any) -> None:
+    calls: list[Any] = []
+
+    def counting(value: Any) -> bytes:
+        calls.append(value)
+        return _msgpack_enc(value)
+
+    monkeypatch.setattr(E, "_enc", counting)
+    el = E.Elements()
+    history = _msgs(10)
+    assert el.dumps("k", history) == _msgpack_enc(history)
+    assert len(calls) == 10
+    calls.clear()
+    history = [*history, *_msgs(2, 10)]
+    assert el.dumps("k", history) == _msgpack_enc(history)
+    assert calls == history[10:]
+    calls.clear()
+    # replaced by id (add_messages: a new object at the same place)
+    history = [*history[:4], AIMessage(content="edited", id="a4"), *history[5:]]
+    assert el.dumps("k", history) == _msgpack_enc(history)
+    assert calls == [history[4]]
+
+
+_EDITS = [
+    lambda m: setattr(m, "content", m.content + "!"),
+    lambda m: m.additional_kwargs.__setitem__("x", 1),
+    lambda m: m.response_metadata.__setitem__("tokens", True),  # 1 -> True: equal, not the same
+    lambda m: m.response_metadata.__setitem__("tokens", 1.0),
+    lambda m: m.response_metadata.setdefault("nested", {"k": []})["k"].append(None),
+    lambda m: setattr(m, "id", None),
+    lambda m: setattr(m, "name", "someone"),
+    lambda m: m.__pydantic_extra__.__setitem__("extra_field", [1]),  # an extra (extra="allow")
+    lambda m: m.response_metadata.__setitem__("when", datetime.datetime(2026, 1, 1)),
+    lambda m: m.additional_kwargs.__setitem__("model", HumanMessage(content="nested")),
+]
+
+
+@pytest.mark.parametrize("edit", range(len(_EDITS)))
+def test_a_message_changed_in_place_is_serialized_again(edit: int) -> None:
+    el = E.Elements()
+    history = _msgs(6)
+    el.dumps("k", history)
+    for m in history[:5]:
+        _EDITS[edit](m)
+    history.append(AIMessage(content="next"))
+    assert el.dumps("k", history) in (None, _msgpack_enc(history))
+    assert el.dumps("k", history) in (None, _msgpack_enc(history))
+    _EDITS[edit](history[1])
+    assert el.dumps("k", history) in (None, _msgpack_enc(history))
+
+
+def test_lists_it_does_not_make_are_left_to_the_serializer() -> None:
+    class Computed(BaseModel):
+        a: int
+
+        @computed_field  # type: ignore[prop-decorator]
+        @property
+        def twice(self) -> int:
+            return 2 * self.a
+
+    class Serialized(BaseModel):
+        a: int
+
+        @field_serializer("a")
+        def _a(self, a: int) -> int:
+            return a + 1
+
+    el = E.Elements()
+    assert el.dumps("k", []) is None
+    assert el.dumps("k", [Computed(a=1)]) is None
+    assert el.dumps("k", [Serialized(a=1)]) is None
+    assert el.dumps("k", [*_msgs(2), {"a": 1}]) is None
+    assert el.dumps("k", [*_msgs(2), "text"]) is None
+    # a value the serializer cannot encode: the serializer's own error, later
+    bad = AIMessage(content="x")
+    bad.additional_kwargs["f"] = object()
+    assert el.dumps("k", [*_msgs(2), bad]) is None
+    assert "k" not in el.lists
+
+
+def test_the_cache_is_bounded() -> None:
+    el = E.Elements(max_bytes=64 << 10)
+    for t in range(200):
+        el.dumps(("t", t), _msgs(8))
+        assert el.size <= el.max_bytes
+    assert 0 < len(el.lists) < 200
+    assert el.size == sum(h.size for h in el.lists.values())
+    big = _msgs(400)
+    el.dumps("big", big)  # more than a quarter of the bound: made, not kept
+    assert "big" not in el.lists
+
+
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["append", "edit", "replace", "remove", "swap", "dup", "copy", "trim"]),
+        st.integers(0, 1_000),
+        st.integers(0, len(_EDITS) - 1),
+    ),
+    max_size=25,
+)
+
+
+@settings(deadline=None)
+@given(_OPS)
+def test_whatever_happens_to_the_list_the_bytes_are_the_serializers(ops: list[Any]) -> None:
+    el = E.Elements()
+    history = _msgs(4)
+    made = 4
+    for op, at, edit in ops:
+        i = at % len(history) if history else 0
+        if op == "append":
+            history = [*history, *_msgs(1 + at % 2, made)]
+            made += 2
+        elif op == "edit" and history:
+            _EDITS[edit](history[i])
+        elif op == "replace" and history:
+            history = [*history[:i], copy.deepcopy(history[i]), *history[i + 1 :]]
+        elif op == "remove" and history:
+            history = history[:i] + history[i + 1 :]
+        elif op == "swap" and len(history) > 1:
+            history = [*history]
+            history[0], history[i] = history[i], history[0]
+        elif op == "dup" and history:
+            history = [*history, history[i]]  # the same object twice
+        elif op == "copy":
+            history = copy.deepcopy(history)
+        elif op == "trim":
+            history = history[i:]
+        made_ = el.dumps("k", history)
+        assert made_ is None or made_ == _msgpack_enc(history), (op, i, edit)
+
+
+def _graph(saver: Any, edit: bool) -> Any:
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    def step(state: MessagesState) -> dict[str, Any]:
+        n = len(state["messages"])
+        if edit and n > 2:
+            # changed in place, and a message added in the same step
+            state["messages"][0].content += f" (seen at {n})"
+            state["messages"][1].additional_kwargs["seen"] = n
+        return {"messages": [AIMessage(content=f"reply {n}", id=f"r{n}")]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("step", step)
+    g.add_edge(START, "step")
+    return g.compile(checkpointer=saver)
+
+
+@pytest.mark.parametrize("edit", [False, True])
+def test_a_graph_that_edits_messages_in_place_stores_what_inmemorysaver_stores(
+    edit: bool,
+) -> None:
+    results = []
+    for saver in (InMemorySaver(), KVSaver(":memory:")):
+        graph = _graph(saver, edit)
+        cfg: Any = {"configurable": {"thread_id": "t"}}
+        for i in range(6):
+            # "sync": under "async" the put of a step runs beside the next
+            # step, and may see its in-place change, with any saver.
+            msg = HumanMessage(content=f"hi {i}", id=f"u{i}")
+            graph.invoke({"messages": [msg]}, cfg, durability="sync")
+        history = [
+            [m.model_dump() for m in s.values["messages"]] for s in graph.get_state_history(cfg)
+        ]
+        results.append(history)
+    assert results[0] == results[1]
+    if edit:
+        assert "(seen at" in results[1][0][0]["content"]
+
+
+def test_a_serializer_subclass_with_its_own_dumps_gets_no_element_cache() -> None:
+    from kvsaver import delta as D
+
+    class Own(JsonPlusSerializer):
+        def dumps_typed(self, obj: Any) -> tuple[str, bytes]:
+            return super().dumps_typed(obj)
+
+    assert D.codec(Own()).elements is None
+    assert D.codec(JsonPlusSerializer()).elements is not None
+
+
+def test_remove_message_lists_still_round_trip() -> None:
+    el = E.Elements()
+    history = [*_msgs(3), RemoveMessage(id="h0")]
+    assert el.dumps("k", history) in (None, _msgpack_enc(history))
