@@ -24,11 +24,12 @@ order), so a message changed in place (its content edited, a key added to
 What the serializer makes of a pydantic model is ``model_dump()``'s output,
 which for a class with no computed fields and no model or field serializers
 of its own (the check of ``_plain_model``; LangChain's messages qualify) is a
-function of those fields alone. Anything else is not cached: a list with an
-element of another kind (a dict, a str, a model with its own serializers),
-an element whose fields hold a value ormsgpack does not encode natively (a
-datetime, a nested model), a serializer other than ``JsonPlusSerializer``'s
-own ``dumps_typed``; then the list is serialized whole, as before.
+function of those fields alone. An element whose fields hold a value
+ormsgpack does not encode natively (a datetime, a nested model) has no
+fingerprint and is serialized at every put. A list with an element of
+another kind (a dict, a str, a model with its own serializers), or under a
+serializer other than ``JsonPlusSerializer``'s own ``dumps_typed``, is
+serialized whole, as before.
 
 A probe at import checks the one assumption about the serializer: that its
 bytes of a list are the header followed by its bytes of each element. If a
@@ -61,8 +62,13 @@ def _refuse(obj: Any) -> Any:
     raise TypeError("not plain data")  # a fingerprint holds only what ormsgpack encodes exactly
 
 
-def _fingerprint(e: Any) -> bytes:
-    return ormsgpack.packb((e.__dict__, e.__pydantic_extra__), default=_refuse, option=_option)
+def _fingerprint(e: Any) -> bytes | None:
+    """ormsgpack's bytes of the fields of ``e``, None when they hold a value
+    it does not encode natively (then ``e`` is serialized at every put)."""
+    try:
+        return ormsgpack.packb((e.__dict__, e.__pydantic_extra__), default=_refuse, option=_option)
+    except (ormsgpack.MsgpackEncodeError, TypeError):
+        return None
 
 
 _PLAIN: dict[type, bool] = {}
@@ -107,9 +113,11 @@ class _Held(NamedTuple):
     """What ``Elements`` keeps of the list it serialized last for a key."""
 
     objs: list[Any]  # the elements (references: their ids stay theirs)
-    fps: list[bytes]  # each element's fingerprint
+    fps: list[bytes | None]  # each element's fingerprint (None: not plain data)
     encs: list[bytes]  # each element's bytes
-    fp_all: bytes  # the msgpack array of the fingerprints: one compare for a prefix
+    fp_all: (
+        bytes | None
+    )  # the fingerprints' msgpack array (a prefix's one compare); None: one is None
     enc_body: bytes  # the elements' bytes joined
     size: int
 
@@ -138,7 +146,7 @@ class Elements:
                 if made is not None:
                     return made
             return self._whole(held, key, value)
-        except Exception:  # not plain data, or the serializer's own error
+        except Exception:  # the serializer's own error: it meets it again
             self._drop(key)
             return None
 
@@ -146,12 +154,16 @@ class Elements:
         """The common case: ``value`` starts with the very elements of the
         list kept, unchanged (one fingerprint of them all); None otherwise."""
         k = len(held.objs)
-        if not all(map(operator.is_, value, held.objs)):
+        if held.fp_all is None or not all(map(operator.is_, value, held.objs)):
             return None
-        head = value[:k]
-        fp = ormsgpack.packb(
-            [(e.__dict__, e.__pydantic_extra__) for e in head], default=_refuse, option=_option
-        )
+        try:
+            fp = ormsgpack.packb(
+                [(e.__dict__, e.__pydantic_extra__) for e in value[:k]],
+                default=_refuse,
+                option=_option,
+            )
+        except (ormsgpack.MsgpackEncodeError, TypeError):
+            return None  # a field changed to one that is not plain data
         if fp != held.fp_all:
             return None
         new = value[k:]
@@ -162,14 +174,21 @@ class Elements:
         return make_header(len(value)) + body
 
     def _whole(self, held: _Held | None, key: Hashable, value: list[Any]) -> bytes:
-        """Element by element: an element kept and unchanged reuses its bytes."""
+        """Element by element: an element kept and unchanged reuses its bytes;
+        one whose fields are not plain data is serialized every time."""
         at = {id(o): i for i, o in enumerate(held.objs)} if held is not None else {}
-        fps: list[bytes] = []
+        fps: list[bytes | None] = []
         encs: list[bytes] = []
         for e in value:
             fp = _fingerprint(e)
             i = at.get(id(e))
-            if i is not None and held is not None and held.objs[i] is e and held.fps[i] == fp:
+            if (
+                fp is not None
+                and i is not None
+                and held is not None
+                and held.objs[i] is e
+                and held.fps[i] == fp
+            ):
                 encs.append(held.encs[i])
             else:
                 encs.append(_enc(e))
@@ -179,10 +198,16 @@ class Elements:
         return make_header(len(value)) + body
 
     def _keep(
-        self, key: Hashable, value: list[Any], fps: list[bytes], encs: list[bytes], body: bytes
+        self,
+        key: Hashable,
+        value: list[Any],
+        fps: list[bytes | None],
+        encs: list[bytes],
+        body: bytes,
     ) -> None:
-        fp_all = make_header(len(fps)) + b"".join(fps)
-        size = 2 * (len(fp_all) + len(body))  # the lists and their joins
+        plain = [f for f in fps if f is not None]
+        fp_all = make_header(len(fps)) + b"".join(plain) if len(plain) == len(fps) else None
+        size = 2 * (sum(map(len, plain)) + len(body))  # the lists and their joins
         with self.lock:
             old = self.lists.pop(key, None)
             if old is not None:

@@ -97,6 +97,27 @@ def test_a_message_changed_in_place_is_serialized_again(edit: int) -> None:
     assert el.dumps("k", history) in (None, _msgpack_enc(history))
 
 
+def test_a_message_that_is_not_plain_data_is_serialized_each_time(monkeypatch: Any) -> None:
+    calls: list[Any] = []
+
+    def counting(value: Any) -> bytes:
+        calls.append(value)
+        return _msgpack_enc(value)
+
+    monkeypatch.setattr(E, "_enc", counting)
+    el = E.Elements()
+    odd = AIMessage(content="x", response_metadata={"at": datetime.datetime(2026, 1, 1)})
+    history = [*_msgs(3), odd, *_msgs(3, 3)]
+    for _ in range(3):
+        calls.clear()
+        assert el.dumps("k", history) == _msgpack_enc(history)
+    assert calls == [odd]
+    history = [*history, *_msgs(1, 6)]
+    calls.clear()
+    assert el.dumps("k", history) == _msgpack_enc(history)
+    assert calls == [odd, history[-1]]
+
+
 def test_lists_it_does_not_make_are_left_to_the_serializer() -> None:
     class Computed(BaseModel):
         a: int
