@@ -11,8 +11,8 @@ Every round times each variant once, in an order that rotates every round:
   checkpointer in the same round, per checkpoint written; LangGraph writes
   checkpoints from a background thread, hence process (not thread) time.
 * put / put_writes: the calls a graph made (recorded once through an
-  InMemorySaver, deep-copied), replayed into a fresh saver; ``thread_time``
-  per call.
+  InMemorySaver, deep-copied; a message passed again is the same copy, as
+  in the graph), replayed into a fresh saver; ``thread_time`` per call.
 
 Ratios are medians over rounds of the per-round ratio to InMemorySaver
 (AB13.md's method). Without ``--old`` only this checkout is measured.
@@ -26,6 +26,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -35,16 +36,43 @@ from kvsaver import KVSaver
 from langgraph.checkpoint.memory import InMemorySaver
 
 
+def _models(value: Any) -> Iterator[Any]:
+    """The pydantic objects (messages) inside a saver call's arguments."""
+    if hasattr(value, "model_dump"):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _models(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _models(v)
+
+
 def record(run: Any, threads: int) -> list[tuple[str, tuple[Any, ...]]]:
+    """The calls a graph made, deep-copied as they were made. A message
+    object passed again in a later call (the history a graph puts at every
+    step holds the same objects) is passed again as the same copy, as in
+    the graph: ``saver/elements.py`` reuses the bytes of such messages."""
     calls: list[tuple[str, tuple[Any, ...]]] = []
+    copies: dict[int, Any] = {}  # id(original message) -> its copy
+    originals: list[Any] = []  # kept alive: their ids stay theirs
+
+    def snapshot(args: tuple[Any, ...]) -> tuple[Any, ...]:
+        memo = dict(copies)
+        out = copy.deepcopy(args, memo)
+        for m in _models(args):
+            if id(m) not in copies:
+                copies[id(m)] = memo[id(m)]
+                originals.append(m)
+        return out
 
     class Recording(InMemorySaver):
         def put(self, config: Any, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
-            calls.append(("put", copy.deepcopy((config, checkpoint, metadata, new_versions))))
+            calls.append(("put", snapshot((config, checkpoint, metadata, new_versions))))
             return super().put(config, checkpoint, metadata, new_versions)
 
         def put_writes(self, config: Any, writes: Any, task_id: str, task_path: str = "") -> None:
-            calls.append(("put_writes", copy.deepcopy((config, writes, task_id, task_path))))
+            calls.append(("put_writes", snapshot((config, writes, task_id, task_path))))
             super().put_writes(config, writes, task_id, task_path)
 
     run(build_agent(Recording()), "rec", True, threads=threads)

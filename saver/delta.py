@@ -462,14 +462,18 @@ class Codec:
         dumps: Any,
         parent_id: Any = None,
         heads: bool = False,
+        reuse: bool = True,
     ) -> list[Pending]:
         """Serialize a put's changed channels (before its transaction): a list
         of at least ``min_bytes`` becomes plain msgpack, the rest records.
         ``parent_id``: a list that extends the version this process cached at
         the put of that checkpoint gets its delta made here too (``_speculate``).
-        ``heads``: the put makes a head record: each value's ``Pending.head``."""
+        ``heads``: the put makes a head record: each value's ``Pending.head``.
+        ``reuse``: a message list goes through ``self.elements`` (False: values
+        read from elsewhere, as a migration's, whose objects never recur)."""
         out = []
         heads = heads and self.heads
+        elements = self.elements if reuse else None
         for ch, key in S.blob_keys(thread, ns, new_versions, new=True):
             if ch not in values:
                 out.append(Pending(ch, key, S.encode_blob(None), None, None, None))
@@ -484,8 +488,8 @@ class Codec:
             # (the stack is [encryption](compression(JsonPlusSerializer)):
             # ``wrap`` of the inner bytes is ``dumps``).
             data = None
-            if self.elements is not None and type(v) is list:
-                data = self.elements.dumps((thread, ns, ch), v)
+            if elements is not None and type(v) is list:
+                data = elements.dumps((thread, ns, ch), v)
             typ, data = ("msgpack", data) if data is not None else self.inner.dumps_typed(v)
             hb = H.plain_of(typ, data) if heads else False
             if type(v) is list:

@@ -115,9 +115,8 @@ class _Held(NamedTuple):
     objs: list[Any]  # the elements (references: their ids stay theirs)
     fps: list[bytes | None]  # each element's fingerprint (None: not plain data)
     encs: list[bytes]  # each element's bytes
-    fp_all: (
-        bytes | None
-    )  # the fingerprints' msgpack array (a prefix's one compare); None: one is None
+    # the fingerprints joined (a prefix's one compare); None: one is None
+    fp_body: bytes | None
     enc_body: bytes  # the elements' bytes joined
     size: int
 
@@ -154,7 +153,7 @@ class Elements:
         """The common case: ``value`` starts with the very elements of the
         list kept, unchanged (one fingerprint of them all); None otherwise."""
         k = len(held.objs)
-        if held.fp_all is None or not all(map(operator.is_, value, held.objs)):
+        if held.fp_body is None or not all(map(operator.is_, value, held.objs)):
             return None
         try:
             fp = ormsgpack.packb(
@@ -164,13 +163,20 @@ class Elements:
             )
         except (ormsgpack.MsgpackEncodeError, TypeError):
             return None  # a field changed to one that is not plain data
-        if fp != held.fp_all:
+        # ``fp`` is make_header(k) + the k fingerprints (msgpack concatenates)
+        hdr = make_header(k)
+        if not fp.startswith(hdr) or fp[len(hdr) :] != held.fp_body:
             return None
         new = value[k:]
+        if not new:
+            self._keep(key, value, held.fps, held.encs, held.fp_body, held.enc_body)
+            return make_header(len(value)) + held.enc_body
         fps = [_fingerprint(e) for e in new]
         encs = [_enc(e) for e in new]
-        body = held.enc_body + b"".join(encs) if new else held.enc_body
-        self._keep(key, value, held.fps + fps, held.encs + encs, body)
+        plain = [f for f in fps if f is not None]
+        fp_body = held.fp_body + b"".join(plain) if len(plain) == len(fps) else None
+        body = held.enc_body + b"".join(encs)
+        self._keep(key, value, held.fps + fps, held.encs + encs, fp_body, body)
         return make_header(len(value)) + body
 
     def _whole(self, held: _Held | None, key: Hashable, value: list[Any]) -> bytes:
@@ -193,8 +199,10 @@ class Elements:
             else:
                 encs.append(_enc(e))
             fps.append(fp)
+        plain = [f for f in fps if f is not None]
+        fp_body = b"".join(plain) if len(plain) == len(fps) else None
         body = b"".join(encs)
-        self._keep(key, value, fps, encs, body)
+        self._keep(key, value, fps, encs, fp_body, body)
         return make_header(len(value)) + body
 
     def _keep(
@@ -203,18 +211,18 @@ class Elements:
         value: list[Any],
         fps: list[bytes | None],
         encs: list[bytes],
+        fp_body: bytes | None,
         body: bytes,
     ) -> None:
-        plain = [f for f in fps if f is not None]
-        fp_all = make_header(len(fps)) + b"".join(plain) if len(plain) == len(fps) else None
-        size = 2 * (sum(map(len, plain)) + len(body))  # the lists and their joins
+        fp_bytes = len(fp_body) if fp_body is not None else sum(len(f) for f in fps if f)
+        size = 2 * (fp_bytes + len(body))  # the lists and their joins
         with self.lock:
             old = self.lists.pop(key, None)
             if old is not None:
                 self.size -= old.size
             if size > self.max_bytes >> 2:
                 return  # one list that would crowd out the others: not kept
-            self.lists[key] = _Held(list(value), fps, encs, fp_all, body, size)
+            self.lists[key] = _Held(list(value), fps, encs, fp_body, body, size)
             self.size += size
             while self.size > self.max_bytes:
                 _, gone = self.lists.popitem(last=False)

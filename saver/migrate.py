@@ -931,8 +931,9 @@ def _put_checkpoint(
             if txn.get(bkey) is not None:
                 continue
             if codec is not None and channel in values:
+                # reuse=False: each value is a fresh object, never seen again
                 one = codec.prepare(
-                    thread, ns, {channel: version}, {channel: values[channel]()}, dumps
+                    thread, ns, {channel: version}, {channel: values[channel]()}, dumps, reuse=False
                 )
                 codec.write(txn, thread, ns, parent, one, put)
             elif channel in values:
