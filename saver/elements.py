@@ -22,18 +22,27 @@ Those bytes are exact (``1``, ``1.0`` and ``True`` differ; so does a key
 order), so a message changed in place (its content edited, a key added to
 ``additional_kwargs``, an id set by ``add_messages``) is serialized again.
 What the serializer makes of a pydantic model is ``model_dump()``'s output,
-which for a class with no computed fields and no model or field serializers
-of its own (the check of ``_plain_model``; LangChain's messages qualify) is a
-function of those fields alone. An element whose fields hold a value
-ormsgpack does not encode natively (a datetime, a nested model) has no
-fingerprint and is serialized at every put. A list with an element of
-another kind (a dict, a str, a model with its own serializers), or under a
-serializer other than ``JsonPlusSerializer``'s own ``dumps_typed``, is
-serialized whole, as before.
+which is a function of those fields alone when the class leaves serializing
+to pydantic: no computed fields, no model or field serializers, none in its
+schema (an ``Annotated`` ``PlainSerializer``, an ``exclude_if``), and
+``model_dump`` not overridden (``_plain_model``; LangChain's messages
+qualify). An element whose fields hold a value ormsgpack does not encode
+natively (a datetime, a nested model) has no fingerprint and is serialized
+at every put; so is one that changed while it was serialized (the put of a
+step under durability "async" runs beside the next step): its fingerprint is
+taken again after its bytes, and it is kept only if both agree. A list with
+an element of another kind (a dict, a str, a model that serializes by its
+own code), or under a serializer other than ``JsonPlusSerializer``'s own
+``dumps_typed``, is serialized whole, as before.
 
-A probe at import checks the one assumption about the serializer: that its
-bytes of a list are the header followed by its bytes of each element. If a
-LangGraph release ever breaks it, the module turns itself off.
+A probe at import checks the assumptions about the serializer: that it has
+the ``_msgpack_enc`` and ``_option`` this module uses, and that its bytes of
+a list are the header followed by its bytes of each element. If a LangGraph
+release ever breaks one, the module turns itself off.
+
+What is kept (at most ``CACHE_BYTES``, least recently used lists out) is
+counted roughly: the fingerprints and bytes, the elements it keeps alive
+(about their bytes again), and the lists' own overhead.
 """
 
 from __future__ import annotations
@@ -52,10 +61,10 @@ from ._msgpack import make_header
 
 __all__ = ["CACHE_BYTES", "Elements"]
 
-CACHE_BYTES = 16 << 20  # fingerprints and element bytes kept, all channels
+CACHE_BYTES = 16 << 20  # what the kept lists hold alive, roughly (all channels)
 
 _enc: Any = getattr(_jsonplus, "_msgpack_enc", None)
-_option: int = getattr(_jsonplus, "_option", 0)
+_option: int | None = getattr(_jsonplus, "_option", None)  # the serializer's options
 
 
 def _refuse(obj: Any) -> Any:
@@ -72,10 +81,34 @@ def _fingerprint(e: Any) -> bytes | None:
 
 
 _PLAIN: dict[type, bool] = {}
+_PLAIN_MAX = 512  # classes made at run time are not kept alive for good
+# Keys of a pydantic core schema under which serialization is the user's code
+# (a PlainSerializer, WrapSerializer, an ``exclude_if`` predicate).
+_SERIALIZED_BY_CODE = ("serialization", "serialization_exclude_if")
+
+
+def _schema_plain(schema: Any) -> bool:
+    """Whether no part of a pydantic core schema serializes by the user's code."""
+    todo, seen = [schema], set()
+    while todo:
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, dict):
+            if any(k in node for k in _SERIALIZED_BY_CODE):
+                return False
+            todo.extend(node.values())
+        elif isinstance(node, (list, tuple)):
+            todo.extend(node)
+    return True
 
 
 def _plain_model(cls: type) -> bool:
-    """Whether ``model_dump()`` of ``cls`` is a function of its fields' values."""
+    """Whether ``model_dump()`` of ``cls`` is pydantic's own, a function of
+    the fields' values alone: a pydantic v2 model with no computed fields, no
+    model or field serializers, none in its schema (``Annotated``
+    serializers, ``exclude_if``), and ``model_dump`` not overridden."""
     known = _PLAIN.get(cls)
     if known is None:
         known = False
@@ -83,10 +116,14 @@ def _plain_model(cls: type) -> bool:
             decorators = getattr(cls, "__pydantic_decorators__", None)
             known = (
                 decorators is not None
+                and cls.model_dump is BaseModel.model_dump
                 and not getattr(cls, "__pydantic_computed_fields__", None)
                 and not decorators.model_serializers
                 and not decorators.field_serializers
+                and _schema_plain(getattr(cls, "__pydantic_core_schema__", None))
             )
+        if len(_PLAIN) >= _PLAIN_MAX:
+            _PLAIN.clear()
         _PLAIN[cls] = known
     return known
 
@@ -97,7 +134,7 @@ class _Probe(BaseModel):
 
 
 def _probe() -> bool:
-    if _enc is None:
+    if _enc is None or _option is None:
         return False
     items = [_Probe(text="a", meta={"k": [1, 2.5, True]}), _Probe(text="b" * 40, meta={})]
     try:
@@ -107,12 +144,24 @@ def _probe() -> bool:
 
 
 ENABLED = _probe()
+_PER_ELEMENT = 128  # bytes: an element's slots in the kept lists, two bytes objects' headers
+_PER_LIST = 1024  # bytes: a kept list's record, lists and cache entry
+
+
+def _made(new: list[Any]) -> tuple[list[bytes | None], list[bytes]]:
+    """Fingerprints and bytes of elements not kept. An element changed by
+    another thread while it was serialized gets no fingerprint (its bytes
+    may be of either state): it is serialized again at the next put."""
+    fps = [_fingerprint(e) for e in new]
+    encs = [_enc(e) for e in new]
+    return [f if f is None or _fingerprint(e) == f else None for e, f in zip(new, fps)], encs
 
 
 class _Held(NamedTuple):
     """What ``Elements`` keeps of the list it serialized last for a key."""
 
     objs: list[Any]  # the elements (references: their ids stay theirs)
+    types: list[type]  # their classes (a class assigned in place is another element)
     fps: list[bytes | None]  # each element's fingerprint (None: not plain data)
     encs: list[bytes]  # each element's bytes
     # the fingerprints joined (a prefix's one compare); None: one is None
@@ -153,7 +202,11 @@ class Elements:
         """The common case: ``value`` starts with the very elements of the
         list kept, unchanged (one fingerprint of them all); None otherwise."""
         k = len(held.objs)
-        if held.fp_body is None or not all(map(operator.is_, value, held.objs)):
+        if (
+            held.fp_body is None
+            or not all(map(operator.is_, value, held.objs))
+            or not all(map(operator.is_, map(type, value), held.types))
+        ):
             return None
         try:
             fp = ormsgpack.packb(
@@ -171,8 +224,7 @@ class Elements:
         if not new:
             self._keep(key, value, held.fps, held.encs, held.fp_body, held.enc_body)
             return make_header(len(value)) + held.enc_body
-        fps = [_fingerprint(e) for e in new]
-        encs = [_enc(e) for e in new]
+        fps, encs = _made(new)
         plain = [f for f in fps if f is not None]
         fp_body = held.fp_body + b"".join(plain) if len(plain) == len(fps) else None
         body = held.enc_body + b"".join(encs)
@@ -193,11 +245,15 @@ class Elements:
                 and i is not None
                 and held is not None
                 and held.objs[i] is e
+                and held.types[i] is type(e)
                 and held.fps[i] == fp
             ):
                 encs.append(held.encs[i])
             else:
-                encs.append(_enc(e))
+                data = _enc(e)
+                if fp is not None and _fingerprint(e) != fp:
+                    fp = None  # changed while serialized (another thread): not kept
+                encs.append(data)
             fps.append(fp)
         plain = [f for f in fps if f is not None]
         fp_body = b"".join(plain) if len(plain) == len(fps) else None
@@ -215,14 +271,19 @@ class Elements:
         body: bytes,
     ) -> None:
         fp_bytes = len(fp_body) if fp_body is not None else sum(len(f) for f in fps if f)
-        size = 2 * (fp_bytes + len(body))  # the lists and their joins
+        # Roughly what is kept alive: the fingerprints and bytes, each twice
+        # (the lists and their joins), the elements themselves (about their
+        # bytes again), and the lists' and records' own overhead.
+        size = 2 * fp_bytes + 3 * len(body) + _PER_ELEMENT * len(fps) + _PER_LIST
         with self.lock:
             old = self.lists.pop(key, None)
             if old is not None:
                 self.size -= old.size
             if size > self.max_bytes >> 2:
                 return  # one list that would crowd out the others: not kept
-            self.lists[key] = _Held(list(value), fps, encs, fp_body, body, size)
+            self.lists[key] = _Held(
+                list(value), list(map(type, value)), fps, encs, fp_body, body, size
+            )
             self.size += size
             while self.size > self.max_bytes:
                 _, gone = self.lists.popitem(last=False)
