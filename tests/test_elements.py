@@ -46,14 +46,20 @@ def test_the_probe_finds_the_serializer_as_assumed() -> None:
     assert D.codec(KVSaver(":memory:").serde).elements is not None
 
 
-def test_an_extended_list_serializes_only_its_new_elements(monkeypatch: Any) -> None:
-    calls: list[Any] = []
+@pytest.fixture
+def calls(monkeypatch: Any) -> list[Any]:
+    """What the module serializes with the serializer, call by call."""
+    made: list[Any] = []
 
     def counting(value: Any) -> bytes:
-        calls.append(value)
+        made.append(value)
         return _msgpack_enc(value)
 
     monkeypatch.setattr(E, "_enc", counting)
+    return made
+
+
+def test_an_extended_list_serializes_only_its_new_elements(calls: list[Any]) -> None:
     el = E.Elements()
     history = _msgs(10)
     assert el.dumps("k", history) == _msgpack_enc(history)
@@ -103,14 +109,7 @@ def test_a_message_changed_in_place_is_serialized_again(edit: int) -> None:
     assert el.dumps("k", history) == _msgpack_enc(history)
 
 
-def test_a_message_that_is_not_plain_data_is_serialized_each_time(monkeypatch: Any) -> None:
-    calls: list[Any] = []
-
-    def counting(value: Any) -> bytes:
-        calls.append(value)
-        return _msgpack_enc(value)
-
-    monkeypatch.setattr(E, "_enc", counting)
+def test_a_message_that_is_not_plain_data_is_serialized_each_time(calls: list[Any]) -> None:
     el = E.Elements()
     odd = AIMessage(content="x", response_metadata={"at": datetime.datetime(2026, 1, 1)})
     history = [*_msgs(3), odd, *_msgs(3, 3)]
