@@ -22,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -33,15 +34,21 @@ from kvsaver import KVSaver
 WARM = 20
 
 
+def _per_op(do: Callable[[Any], Any], items: list[Any]) -> tuple[float, float]:
+    """(wall, process CPU) seconds per item of ``do`` over ``items``, the
+    first ``WARM`` untimed."""
+    for item in items[:WARM]:
+        do(item)
+    t0, c0 = time.perf_counter(), time.process_time()
+    for item in items[WARM:]:
+        do(item)
+    n = len(items) - WARM
+    return (time.perf_counter() - t0) / n, (time.process_time() - c0) / n
+
+
 def run_kv(path: str, ops: list[Any]) -> tuple[float, float]:
     saver = KVSaver(path)
-    for op in ops[:WARM]:
-        saver.put_writes(*op)
-    t0, c0 = time.perf_counter(), time.process_time()
-    for op in ops[WARM:]:
-        saver.put_writes(*op)
-    n = len(ops) - WARM
-    out = ((time.perf_counter() - t0) / n, (time.process_time() - c0) / n)
+    out = _per_op(lambda op: saver.put_writes(*op), ops)
     saver.store.close()
     return out
 
@@ -50,13 +57,7 @@ def run_raw(path: str, ops: list[Any]) -> tuple[float, float]:
     rec = Recorder()
     pairs = [rec.put_writes(*op) for op in ops]
     env = raw_lmdb(path, zeroed=True)
-    for p in pairs[:WARM]:
-        raw_commit(env, p)
-    t0, c0 = time.perf_counter(), time.process_time()
-    for p in pairs[WARM:]:
-        raw_commit(env, p)
-    n = len(pairs) - WARM
-    out = ((time.perf_counter() - t0) / n, (time.process_time() - c0) / n)
+    out = _per_op(lambda p: raw_commit(env, p), pairs)
     env.close()
     return out
 

@@ -120,6 +120,7 @@ from . import compression as C
 from . import elements as E
 from . import heads as H
 from . import schema as S
+from ._lru import SizedLRU
 from ._msgpack import header, make_header
 from .compression import CompressingSerializer
 
@@ -170,42 +171,24 @@ class _Entry(NamedTuple):
     plain: bytes  # the whole value's msgpack
 
 
-class _Recent:
+class _Recent(SizedLRU[bytes, _Entry]):
     """Rebuilt values by blob key, least recently used out, at most
     ``max_bytes``. A hit counts only if the stored record is byte-equal to
     the one the value was rebuilt from, and a record's bytes name its content
     (a whole record is its content; a delta carries its content's digest), so
     it can never serve a stale value."""
 
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.size = 0
-        self.items: OrderedDict[bytes, _Entry] = OrderedDict()
-        self.lock = threading.Lock()
+    def cost(self, value: _Entry) -> int:
+        return len(value.raw) + len(value.plain)
 
     def get(self, key: bytes, raw: bytes) -> _Entry | None:
         e = self.items.get(key)
         if e is None or e.raw != raw:
             return None
-        try:
-            self.items.move_to_end(key)
-        except KeyError:
-            pass
+        self.touch(key)
         return e
 
-    def add(self, key: bytes, e: _Entry) -> None:
-        cost = len(e.raw) + len(e.plain)
-        if cost > self.max_bytes >> 2:
-            return
-        with self.lock:
-            old = self.items.pop(key, None)
-            if old is not None:
-                self.size -= len(old.raw) + len(old.plain)
-            self.items[key] = e
-            self.size += cost
-            while self.size > self.max_bytes:
-                _, gone = self.items.popitem(last=False)
-                self.size -= len(gone.raw) + len(gone.plain)
+    add = SizedLRU.put
 
 
 class Pending(NamedTuple):

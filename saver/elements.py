@@ -51,7 +51,6 @@ counted roughly: the fingerprints and bytes, the elements it keeps alive
 from __future__ import annotations
 
 import operator
-import threading
 from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Any, NamedTuple
@@ -60,6 +59,7 @@ import ormsgpack
 from langgraph.checkpoint.serde import jsonplus as _jsonplus
 from pydantic import BaseModel
 
+from ._lru import SizedLRU
 from ._msgpack import make_header
 
 __all__ = ["CACHE_BYTES", "Elements"]
@@ -74,13 +74,19 @@ def _refuse(obj: Any) -> Any:
     raise TypeError("not plain data")  # a fingerprint holds only what ormsgpack encodes exactly
 
 
-def _fingerprint(e: Any) -> bytes | None:
-    """ormsgpack's bytes of the fields of ``e``, None when they hold a value
-    it does not encode natively (then ``e`` is serialized at every put)."""
+def _plain_bytes(value: Any) -> bytes | None:
+    """ormsgpack's bytes of ``value``, None when it holds something ormsgpack
+    does not encode natively."""
     try:
-        return ormsgpack.packb((e.__dict__, e.__pydantic_extra__), default=_refuse, option=_option)
+        return ormsgpack.packb(value, default=_refuse, option=_option)
     except (ormsgpack.MsgpackEncodeError, TypeError):
         return None
+
+
+def _fingerprint(e: Any) -> bytes | None:
+    """The bytes of the fields of ``e``, None when they hold a value that is
+    not plain data (then ``e`` is serialized at every put)."""
+    return _plain_bytes((e.__dict__, e.__pydantic_extra__))
 
 
 _PLAIN: dict[type, bool] = {}
@@ -154,21 +160,16 @@ _PER_LIST = 1024  # bytes: a kept list's record, lists and cache entry
 def _fingerprints(items: list[Any]) -> bytes | None:
     """``_fingerprint`` of each of ``items`` as one msgpack array (one call),
     None when one is not plain data."""
-    try:
-        return ormsgpack.packb(
-            [(e.__dict__, e.__pydantic_extra__) for e in items], default=_refuse, option=_option
-        )
-    except (ormsgpack.MsgpackEncodeError, TypeError):
-        return None
+    return _plain_bytes([(e.__dict__, e.__pydantic_extra__) for e in items])
 
 
-def _made(new: list[Any]) -> tuple[list[bytes | None], list[bytes]]:
-    """Fingerprints and bytes of elements not kept. An element changed by
-    another thread while it was serialized gets no fingerprint (its bytes
-    may be of either state): it is serialized again at the next put."""
-    fps = [_fingerprint(e) for e in new]
-    encs = [_enc(e) for e in new]
-    return [f if f is None or _fingerprint(e) == f else None for e, f in zip(new, fps)], encs
+def _made(e: Any, fp: bytes | None) -> tuple[bytes | None, bytes]:
+    """The fingerprint and bytes of an element not kept, ``fp`` its
+    fingerprint taken first. One changed by another thread while it was
+    serialized gets no fingerprint (its bytes may be of either state): it is
+    serialized again at the next put."""
+    data = _enc(e)
+    return (fp if fp is None or _fingerprint(e) == fp else None), data
 
 
 class _Held(NamedTuple):
@@ -186,38 +187,45 @@ class _Held(NamedTuple):
     size: int
 
 
-class Elements:
+class Elements(SizedLRU[Hashable, _Held]):
     """The elements' bytes of the list last serialized per key, least
     recently used keys out past ``max_bytes``. Thread-safe: what is kept is
     checked on use (objects, fingerprints), whoever stored it."""
 
     def __init__(self, max_bytes: int = CACHE_BYTES) -> None:
-        self.max_bytes = max_bytes
-        self.size = 0
-        self.lists: OrderedDict[Hashable, _Held] = OrderedDict()
-        self.lock = threading.Lock()
+        super().__init__(max_bytes)
+
+    @property
+    def lists(self) -> OrderedDict[Hashable, _Held]:
+        return self.items
+
+    def cost(self, value: _Held) -> int:
+        return value.size
 
     def dumps(self, key: Hashable, value: list[Any]) -> bytes | None:
         """The serializer's msgpack of ``value`` (``_msgpack_enc(value)``),
         or None when this module does not make it (the caller serializes the
         list whole: the serializer's own errors and fallbacks then apply)."""
-        if not ENABLED or not value or not all(map(_plain_model, set(map(type, value)))):
+        if not ENABLED or not value:
             return None
-        held = self.lists.get(key)
+        types = list(map(type, value))
+        if not all(map(_plain_model, set(types))):
+            return None
+        held = self.items.get(key)
         try:
             if held is not None:
                 if len(held.objs) <= len(value):
-                    made = self._extend(held, key, value)
+                    made = self._extend(held, key, value, types)
                     if made is not None:
                         return made
                 if held.fp_body is None or held.encs is not None:
-                    return self._whole(held, key, value)
-            return self._first(key, value)
+                    return self._whole(held, key, value, types)
+            return self._first(key, value, types)
         except Exception:  # the serializer's own error: it meets it again
-            self._drop(key)
+            self.discard(key)
             return None
 
-    def _first(self, key: Hashable, value: list[Any]) -> bytes:
+    def _first(self, key: Hashable, value: list[Any], types: list[type]) -> bytes:
         """A list none of whose elements is kept (the first put after a read
         of the thread: its messages are new objects): serialized in one call,
         as the serializer does, and kept with the fingerprints of all its
@@ -230,17 +238,19 @@ class Elements:
         hdr = len(make_header(len(value)))
         after = _fingerprints(value) if before is not None else None
         fp_body = before[hdr:] if before is not None and before == after else None
-        self._keep(key, value, None, None, fp_body, data[hdr:])
+        self._keep(key, value, types, None, None, fp_body, data[hdr:])
         return data
 
-    def _extend(self, held: _Held, key: Hashable, value: list[Any]) -> bytes | None:
+    def _extend(
+        self, held: _Held, key: Hashable, value: list[Any], types: list[type]
+    ) -> bytes | None:
         """The common case: ``value`` starts with the very elements of the
         list kept, unchanged (one fingerprint of them all); None otherwise."""
         k = len(held.objs)
         if (
             held.fp_body is None
             or not all(map(operator.is_, value, held.objs))
-            or not all(map(operator.is_, map(type, value), held.types))
+            or not all(map(operator.is_, types, held.types))
         ):
             return None
         fp = _fingerprints(value[:k])
@@ -250,15 +260,18 @@ class Elements:
             return None
         new = value[k:]
         if not new:
-            self._keep(key, value, held.fps, held.encs, held.fp_body, held.enc_body)
+            self._keep(key, value, types, held.fps, held.encs, held.fp_body, held.enc_body)
             return make_header(len(value)) + held.enc_body
-        fps, encs = _made(new)
+        made = [_made(e, _fingerprint(e)) for e in new]
+        fps = [f for f, _ in made]
+        encs = [d for _, d in made]
         plain = [f for f in fps if f is not None]
         fp_body = held.fp_body + b"".join(plain) if len(plain) == len(fps) else None
         body = held.enc_body + b"".join(encs)
         self._keep(
             key,
             value,
+            types,
             held.fps + fps if held.fps is not None else None,
             held.encs + encs if held.encs is not None else None,
             fp_body,
@@ -266,42 +279,41 @@ class Elements:
         )
         return make_header(len(value)) + body
 
-    def _whole(self, held: _Held, key: Hashable, value: list[Any]) -> bytes:
+    def _whole(self, held: _Held, key: Hashable, value: list[Any], types: list[type]) -> bytes:
         """Element by element: an element kept and unchanged reuses its bytes;
         one whose fields are not plain data is serialized every time."""
-        hfps, hencs = held.fps, held.encs
-        at = {id(o): i for i, o in enumerate(held.objs)} if hfps and hencs else {}
+        known = held.fps is not None and held.encs is not None
+        hfps = held.fps if held.fps is not None and known else []
+        hencs = held.encs if held.encs is not None and known else []
+        at = {id(o): i for i, o in enumerate(held.objs)} if known else {}
         fps: list[bytes | None] = []
         encs: list[bytes] = []
-        for e in value:
+        for e, t in zip(value, types):
             fp = _fingerprint(e)
             i = at.get(id(e))
             if (
-                fp is not None
-                and i is not None
+                i is not None
+                and fp is not None
                 and held.objs[i] is e
-                and held.types[i] is type(e)
-                and hfps is not None
-                and hencs is not None
+                and held.types[i] is t
                 and hfps[i] == fp
             ):
-                encs.append(hencs[i])
+                data = hencs[i]
             else:
-                data = _enc(e)
-                if fp is not None and _fingerprint(e) != fp:
-                    fp = None  # changed while serialized (another thread): not kept
-                encs.append(data)
+                fp, data = _made(e, fp)
             fps.append(fp)
+            encs.append(data)
         plain = [f for f in fps if f is not None]
         fp_body = b"".join(plain) if len(plain) == len(fps) else None
         body = b"".join(encs)
-        self._keep(key, value, fps, encs, fp_body, body)
+        self._keep(key, value, types, fps, encs, fp_body, body)
         return make_header(len(value)) + body
 
     def _keep(
         self,
         key: Hashable,
         value: list[Any],
+        types: list[type],
         fps: list[bytes | None] | None,
         encs: list[bytes] | None,
         fp_body: bytes | None,
@@ -315,22 +327,4 @@ class Elements:
         # (the lists and their joins), the elements themselves (about their
         # bytes again), and the lists' and records' own overhead.
         size = 2 * fp_bytes + 3 * len(body) + _PER_ELEMENT * len(value) + _PER_LIST
-        with self.lock:
-            old = self.lists.pop(key, None)
-            if old is not None:
-                self.size -= old.size
-            if size > self.max_bytes >> 2:
-                return  # one list that would crowd out the others: not kept
-            self.lists[key] = _Held(
-                list(value), list(map(type, value)), fps, encs, fp_body, body, size
-            )
-            self.size += size
-            while self.size > self.max_bytes:
-                _, gone = self.lists.popitem(last=False)
-                self.size -= gone.size
-
-    def _drop(self, key: Hashable) -> None:
-        with self.lock:
-            old = self.lists.pop(key, None)
-            if old is not None:
-                self.size -= old.size
+        self.put(key, _Held(list(value), types, fps, encs, fp_body, body, size))
