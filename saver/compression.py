@@ -241,7 +241,11 @@ class CompressingSerializer(SerializerProtocol):
             never compresses (values already compressed still load).
         level: zstd level (1 fast ... 19 small; default 1, see DEFAULT_LEVEL).
         cache_bytes: memory for recently decompressed values (see the module
-            docstring); 0 turns the cache off.
+            docstring), and one eighth more for small ones; 0 turns the cache
+            off. The delta layer above it (``saver.delta``) sizes its caches
+            from it too: rebuilt lists as much again, a list's elements'
+            bytes twice as much (``saver.elements``), so a serializer's
+            caches hold about 4x ``cache_bytes`` in all (32 MiB by default).
     """
 
     def __init__(
@@ -476,23 +480,33 @@ def _find(serde: SerializerProtocol) -> CompressingSerializer | None:
 
 
 def wrap(
-    serde: SerializerProtocol, threshold: int | None = DEFAULT_THRESHOLD
+    serde: SerializerProtocol,
+    threshold: int | None = DEFAULT_THRESHOLD,
+    cache_bytes: int | None = None,
 ) -> SerializerProtocol:
     """``serde`` with a ``CompressingSerializer`` in the right place.
 
-    Already compressing (either form): returned as it is. An
+    Already compressing (either form): returned as it is (``cache_bytes``
+    given too: ``ValueError``, the serializer has its own). An
     ``EncryptedSerializer``: a copy whose inner serializer is wrapped, so
     values are compressed before they are encrypted. Anything else: wrapped.
     ``threshold=None`` wraps too (nothing new is compressed, but values
-    written compressed earlier still load).
+    written compressed earlier still load). ``cache_bytes``: the new
+    wrapper's (default ``DEFAULT_CACHE_BYTES``).
     """
     if _find(serde) is not None:
+        if cache_bytes is not None:
+            raise ValueError(
+                "cache_bytes= with a serializer that has its own CompressingSerializer: "
+                "set cache_bytes on that serializer instead"
+            )
         return serde
+    cache = DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes
     if isinstance(serde, EncryptedSerializer):
         clone = copy.copy(serde)
-        clone.serde = CompressingSerializer(serde.serde, threshold=threshold)
+        clone.serde = CompressingSerializer(serde.serde, threshold=threshold, cache_bytes=cache)
         return clone
-    return CompressingSerializer(serde, threshold=threshold)
+    return CompressingSerializer(serde, threshold=threshold, cache_bytes=cache)
 
 
 def with_msgpack_allowlist(

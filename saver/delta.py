@@ -131,7 +131,6 @@ MAX_CHAIN = 64
 STRIDE = 8  # every STRIDE-th version of a chain extends the STRIDE-th before it
 MIN_BYTES = 512  # a smaller list is stored whole: a chain would save too little
 PIECE_THRESHOLD = 128  # pieces from here are compressed (zstd with its dictionary)
-CACHE_BYTES = 8 << 20
 _DIGEST = 16
 _LIMIT = 4096  # a chain longer than this is a cycle: a damaged store
 _EMPTY = S.encode_blob(None)
@@ -229,9 +228,15 @@ class Codec:
         # Lists serialized element by element, reusing the bytes of the
         # elements unchanged since the previous put (``elements``): only
         # under JsonPlusSerializer's own ``dumps_typed``.
+        # The caches' memory follows the compression layer's ``cache_bytes``
+        # (KVSaver's ``cache_bytes`` / 4): rebuilt lists as much again, the
+        # elements' bytes twice as much; 0 keeps none.
+        budget = self.comp.cache_bytes if self.comp is not None else C.DEFAULT_CACHE_BYTES
         self.elements = (
-            E.Elements()
-            if E.ENABLED and type(self.inner).dumps_typed is JsonPlusSerializer.dumps_typed
+            E.Elements(2 * budget)
+            if budget
+            and E.ENABLED
+            and type(self.inner).dumps_typed is JsonPlusSerializer.dumps_typed
             else None
         )
         # Whether head records can be made (issue #13, ``heads``): of the
@@ -240,7 +245,7 @@ class Codec:
         self.max_chain = MAX_CHAIN
         self.stride = STRIDE
         self.min_bytes = MIN_BYTES
-        self.recent = _Recent(CACHE_BYTES)
+        self.recent = _Recent(budget)
         # (thread, ns, checkpoint id) -> channel_versions of checkpoints this
         # process wrote: the parent of the next put is nearly always one.
         self._versions: OrderedDict[tuple[str, str, str], Mapping[str, Any]] = OrderedDict()

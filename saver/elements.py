@@ -43,8 +43,9 @@ the ``_msgpack_enc`` and ``_option`` this module uses, and that its bytes of
 a list are the header followed by its bytes of each element. If a LangGraph
 release ever breaks one, the module turns itself off.
 
-What is kept (at most ``CACHE_BYTES``, least recently used lists out) is
-counted roughly: the fingerprints and bytes, the elements it keeps alive
+What is kept (at most ``max_bytes``: ``CACHE_BYTES`` by default, twice the
+compression layer's ``cache_bytes`` in a saver's codec; least recently used
+lists out) is counted roughly: the fingerprints and bytes, the elements it keeps alive
 (about their bytes again), and the lists' own overhead.
 """
 

@@ -204,6 +204,15 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             more graph overhead at full durability). For stores read more than
             written (``get_state`` polling, reader processes). Local stores only;
             not with encrypted values.
+        cache_bytes: memory for this saver's caches of values, about this
+            many bytes in all (default ``None``: 32 MiB): decompressed values
+            (a quarter), lists rebuilt from deltas (a quarter) and message
+            lists' serialized elements (half). They make the reads that
+            follow a put and the next put of a growing history cheaper;
+            ``0`` keeps none (every read decompresses and rebuilds, every
+            put serializes the whole history). Not with a ``serde`` that
+            has its own ``CompressingSerializer`` (set it there). A
+            PostgreSQL store keeps up to 8 MiB of committed values besides.
         **store_options: options of the backend's store, checked against
             what that backend takes (``_BACKENDS``): for LMDB ``map_size``
             and ``max_readers`` (``kv.LMDBStore``), for a PostgreSQL URL
@@ -232,6 +241,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         clock: Callable[[], float] | None = None,
         async_threads: int | None = _ASYNC_THREADS,
         whole_latest: bool = False,
+        cache_bytes: int | None = None,
         **store_options: Any,
     ) -> None:
         # Store options given explicitly (None is each backend's default).
@@ -251,11 +261,17 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         if type(whole_latest) is not bool:
             raise ValueError(f"whole_latest must be True or False, got {whole_latest!r}")
         self._whole_latest = whole_latest
+        if cache_bytes is not None and (type(cache_bytes) is not int or cache_bytes < 0):
+            raise ValueError(f"cache_bytes must be an int >= 0 or None, got {cache_bytes!r}")
         self._backend = _choose_backend(path_or_store, backend, readonly, given)
         super().__init__(serde=serde)
         # Always wrapped, also with compress=False: values stored compressed
         # earlier must keep loading.
-        self.serde = C.wrap(self.serde, compress_threshold if compress else None)
+        self.serde = C.wrap(
+            self.serde,
+            compress_threshold if compress else None,
+            None if cache_bytes is None else cache_bytes // 4,
+        )
         self.retention: R.Retention | None = R.coerce(retention)
         self.clock: Callable[[], float] = time.time if clock is None else clock
         self._sweeper = R.Sweeper()

@@ -229,6 +229,101 @@ def test_concurrent_threads_round_trip(cache_bytes: int) -> None:
 # -- through KVSaver ----------------------------------------------------------------------
 
 
+def _caches(saver: KVSaver) -> tuple[int, int, int | None]:
+    """(decompressed values, rebuilt lists, elements' bytes): each cache's bound."""
+    from kvsaver import delta as D
+
+    codec = D.codec(saver.serde)
+    assert codec.comp is not None
+    elements = codec.elements.max_bytes if codec.elements is not None else None
+    return codec.comp._inflated.max_bytes, codec.recent.max_bytes, elements
+
+
+def _chat(saver: KVSaver, turns: int = 12) -> Any:
+    """A real graph appending to a message history: what the caches serve."""
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    def step(state: MessagesState) -> dict[str, Any]:
+        n = len(state["messages"])
+        return {"messages": [AIMessage(content=words(60, seed=n), id=f"a{n}")]}
+
+    g = StateGraph(MessagesState)
+    g.add_node("step", step)
+    g.add_edge(START, "step")
+    graph = g.compile(checkpointer=saver)
+    cfg: Any = {"configurable": {"thread_id": "chat"}}
+    for i in range(turns):
+        msg = HumanMessage(content=words(40, seed=1000 + i), id=f"u{i}")
+        graph.invoke({"messages": [msg]}, cfg, durability="sync")
+    return [[m.model_dump() for m in s.values["messages"]] for s in graph.get_state_history(cfg)]
+
+
+def test_cache_bytes_bounds_every_cache_of_values(tmp_path: Any) -> None:
+    with KVSaver(str(tmp_path / "default")) as saver:
+        assert _caches(saver) == (8 << 20, 8 << 20, 16 << 20)  # 32 MiB in all
+    with KVSaver(str(tmp_path / "small"), cache_bytes=4 << 20) as saver:
+        assert _caches(saver) == (1 << 20, 1 << 20, 2 << 20)
+        _chat(saver)
+        from kvsaver import delta as D
+
+        codec = D.codec(saver.serde)
+        assert codec.recent.items and codec.elements is not None and codec.elements.items
+        assert codec.recent.size <= 1 << 20 and codec.elements.size <= 2 << 20
+    # Encrypted: the compressor inside the encryption gets the budget too.
+    enc = EncryptedSerializer.from_pycryptodome_aes(key=KEY)
+    with KVSaver(str(tmp_path / "enc"), serde=enc, cache_bytes=8 << 20) as saver:
+        assert _caches(saver) == (2 << 20, 2 << 20, 4 << 20)
+
+
+def test_cache_bytes_zero_keeps_nothing_and_changes_nothing_stored(tmp_path: Any) -> None:
+    stores = {}
+    for name, cache in (("cached", None), ("none", 0)):
+        with KVSaver(str(tmp_path / name), cache_bytes=cache) as saver:
+            history = _chat(saver)
+            from kvsaver import delta as D
+
+            codec = D.codec(saver.serde)
+            if cache == 0:
+                assert _caches(saver) == (0, 0, None)
+                assert not codec.recent.items and not codec.comp._inflated.items
+            marks: dict[str, list[bytes]] = {}  # channel -> each version's first byte
+            with saver.store.read() as txn:
+                start, stop = S.checkpoints_range("chat")
+                n_cp = sum(1 for _ in txn.scan(start, stop))
+                for key, value in txn.scan(b"", b"\xff"):
+                    if unpack(key)[0] == S.BLOB:
+                        marks.setdefault(unpack(key)[3], []).append(value[:1])
+            stores[name] = (history, n_cp, marks)
+    # The same states read back; the same kinds of records, version by
+    # version (deltas included: a delta's base is read from the store when
+    # no cache holds it).
+    assert stores["none"][0] == stores["cached"][0]
+    assert stores["none"][1] == stores["cached"][1] > 12
+    assert stores["none"][2] == stores["cached"][2]
+    from kvsaver import delta as D
+
+    assert stores["none"][2]["messages"].count(D.MARK) > 5  # the history as deltas
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "8MiB", True])
+def test_cache_bytes_must_be_a_non_negative_int(tmp_path: Any, bad: Any) -> None:
+    with pytest.raises(ValueError, match="cache_bytes must be an int"):
+        KVSaver(str(tmp_path / "never"), cache_bytes=bad)
+    assert not (tmp_path / "never").exists()
+
+
+def test_cache_bytes_beside_a_serializer_with_its_own_compressor_is_refused(
+    tmp_path: Any,
+) -> None:
+    own = CompressingSerializer(cache_bytes=1 << 20)
+    with pytest.raises(ValueError, match="set cache_bytes on that serializer"):
+        KVSaver(str(tmp_path / "never"), serde=own, cache_bytes=4 << 20)
+    assert not (tmp_path / "never").exists()
+    with KVSaver(str(tmp_path / "s"), serde=own) as saver:  # its own budget, x4 in all
+        assert _caches(saver) == (1 << 20, 1 << 20, 2 << 20)
+
+
 def test_saver_compresses_channel_blobs_and_writes_by_default(tmp_path: Any) -> None:
     with KVSaver(str(tmp_path / "s")) as saver:
         big, small = words(3000), "hi"
