@@ -164,6 +164,33 @@ def test_the_cache_is_bounded() -> None:
     assert "big" not in el.lists
 
 
+def test_a_list_too_large_to_keep_is_left_to_the_serializer(
+    calls: list[Any], monkeypatch: Any
+) -> None:
+    """Made once, found too large to keep, then not made again (its
+    fingerprints would cost every put for nothing) until it shrinks to half."""
+    prints: list[Any] = []
+    real = E._fingerprints
+    monkeypatch.setattr(E, "_fingerprints", lambda v: prints.append(v) or real(v))
+    sizes = E.Elements(max_bytes=1 << 30)
+    for n in (200, 400):
+        sizes.dumps(n, _msgs(n))
+    # A quarter of the bound between what 200 and 400 messages hold.
+    el = E.Elements(max_bytes=2 * (sizes.lists[200].size + sizes.lists[400].size))
+    big = _msgs(400)
+    assert el.dumps("big", big) == _msgpack_enc(big)
+    assert "big" not in el.lists and el.large == {"big": 400}
+    calls.clear()
+    prints.clear()
+    for n in (401, 420, 201):
+        assert el.dumps("big", _msgs(n)) is None  # the caller serializes it whole
+    assert calls == [] and prints == []
+    small = _msgs(200)  # half: tried again, and kept
+    assert el.dumps("big", small) == _msgpack_enc(small)
+    assert "big" in el.lists and "big" not in el.large
+    assert el.dumps("small", _msgs(5)) is not None and "small" in el.lists
+
+
 _OPS = st.lists(
     st.tuples(
         st.sampled_from(["append", "edit", "replace", "remove", "swap", "dup", "copy", "trim"]),
