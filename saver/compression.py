@@ -245,7 +245,8 @@ class CompressingSerializer(SerializerProtocol):
             off. The delta layer above it (``saver.delta``) sizes its caches
             from it too: rebuilt lists as much again, a list's elements'
             bytes twice as much (``saver.elements``), so a serializer's
-            caches hold about 4x ``cache_bytes`` in all (32 MiB by default).
+            caches hold about 4x ``cache_bytes`` in all (33 MiB by default),
+            and 0 turns all of them off.
     """
 
     def __init__(
@@ -260,7 +261,7 @@ class CompressingSerializer(SerializerProtocol):
             raise ValueError(f"threshold must be a non-negative int or None, got {threshold!r}")
         if not isinstance(level, int) or not 1 <= level <= 22:
             raise ValueError(f"zstd level must be an int from 1 to 22, got {level!r}")
-        if not isinstance(cache_bytes, int) or cache_bytes < 0:
+        if type(cache_bytes) is not int or cache_bytes < 0:
             raise ValueError(f"cache_bytes must be a non-negative int, got {cache_bytes!r}")
         self.serde: SerializerProtocol = serde if serde is not None else JsonPlusSerializer()
         self.threshold = threshold
@@ -498,7 +499,8 @@ def wrap(
         if cache_bytes is not None:
             raise ValueError(
                 "cache_bytes= with a serializer that has its own CompressingSerializer: "
-                "set cache_bytes on that serializer instead"
+                "set it there instead (CompressingSerializer(cache_bytes=N // 4) "
+                "for a saver's caches of about N bytes in all)"
             )
         return serde
     cache = DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes

@@ -48,7 +48,7 @@ compression layer's ``cache_bytes`` in a saver's codec; least recently used
 lists out) is counted roughly: the fingerprints and bytes, the elements it keeps alive
 (about their bytes again), and the lists' own overhead. A list that alone
 would cost over a quarter of it is made once, then left to the serializer
-(``Elements.large``) until it shrinks to half its length.
+(``Elements.large``) until it shrinks to half its length, or for 64 puts.
 """
 
 from __future__ import annotations
@@ -159,6 +159,7 @@ ENABLED = _probe()
 _PER_ELEMENT = 128  # bytes: an element's slots in the kept lists, two bytes objects' headers
 _PER_LIST = 1024  # bytes: a kept list's record, lists and cache entry
 _LARGE_MAX = 1024  # lists remembered as too large to keep (see Elements.large)
+_LARGE_RETRY = 64  # puts of such a list left to the serializer before one more try
 
 
 def _fingerprints(items: list[Any]) -> bytes | None:
@@ -198,12 +199,13 @@ class Elements(SizedLRU[Hashable, _Held]):
 
     def __init__(self, max_bytes: int = CACHE_BYTES) -> None:
         super().__init__(max_bytes)
-        # key -> length of a list found too large to keep (over a quarter of
-        # ``max_bytes``): it is left to the serializer until it shrinks to
-        # half that length, instead of paying ``_first``'s fingerprints at
-        # every put for nothing (1.6x the plain serialization of a
-        # 3,000-message history under the default bound).
-        self.large: dict[Hashable, int] = {}
+        # key -> [length, puts since] of a list found too large to keep
+        # (over a quarter of ``max_bytes``): it is left to the serializer,
+        # instead of paying ``_first``'s fingerprints at every put for
+        # nothing (1.6x the plain serialization of a 3,000-message history
+        # under the default bound), until it shrinks to half that length or
+        # for ``_LARGE_RETRY`` puts (its elements may have shrunk instead).
+        self.large: dict[Hashable, list[int]] = {}
 
     @property
     def lists(self) -> OrderedDict[Hashable, _Held]:
@@ -218,9 +220,10 @@ class Elements(SizedLRU[Hashable, _Held]):
         list whole: the serializer's own errors and fallbacks then apply)."""
         if not ENABLED or not value:
             return None
-        n = self.large.get(key)
-        if n is not None:
-            if len(value) > n >> 1:
+        mark = self.large.get(key)
+        if mark is not None:
+            if len(value) > mark[0] >> 1 and mark[1] < _LARGE_RETRY:
+                mark[1] += 1
                 return None
             self.large.pop(key, None)
         types = list(map(type, value))
@@ -342,10 +345,13 @@ class Elements(SizedLRU[Hashable, _Held]):
         # (the lists and their joins), the elements themselves (about their
         # bytes again), and the lists' and records' own overhead.
         size = 2 * fp_bytes + 3 * len(body) + _PER_ELEMENT * len(value) + _PER_LIST
-        if size > self.max_bytes >> 2:  # never kept (SizedLRU.put): not tried again
+        if size > self.max_bytes >> 2:  # never kept (SizedLRU.put): not tried again soon
             if len(self.large) >= _LARGE_MAX:
-                self.large.clear()
-            self.large[key] = len(value)
+                try:  # the oldest mark out (dicts keep insertion order)
+                    del self.large[next(iter(self.large))]
+                except (KeyError, RuntimeError, StopIteration):  # another thread's change
+                    pass
+            self.large[key] = [len(value), 0]
             self.discard(key)
             return
         self.put(key, _Held(list(value), types, fps, encs, fp_body, body, size))

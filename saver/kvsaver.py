@@ -206,13 +206,16 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             not with encrypted values.
         cache_bytes: memory for this saver's caches of values, about this
             many bytes in all (default ``None``: 32 MiB): decompressed values
-            (a quarter), lists rebuilt from deltas (a quarter) and message
-            lists' serialized elements (half). They make the reads that
-            follow a put and the next put of a growing history cheaper;
-            ``0`` keeps none (every read decompresses and rebuilds, every
-            put serializes the whole history). Not with a ``serde`` that
-            has its own ``CompressingSerializer`` (set it there). A
-            PostgreSQL store keeps up to 8 MiB of committed values besides.
+            (a quarter, and an eighth of that for small ones), lists rebuilt
+            from deltas (a quarter) and message lists' serialized elements
+            (half). They make the reads that follow a put and the next put
+            of a growing history cheaper; ``0`` (or under 4) keeps none
+            (every read decompresses and rebuilds, every put serializes the
+            whole history), and what is stored is the same. The bound is per
+            serializer object: a ``with_allowlist`` copy has caches of its
+            own. Not with a ``serde`` that has its own
+            ``CompressingSerializer`` (set its ``cache_bytes`` to a quarter).
+            A PostgreSQL store keeps up to 8 MiB of committed values besides.
         **store_options: options of the backend's store, checked against
             what that backend takes (``_BACKENDS``): for LMDB ``map_size``
             and ``max_readers`` (``kv.LMDBStore``), for a PostgreSQL URL

@@ -276,9 +276,16 @@ def test_cache_bytes_bounds_every_cache_of_values(tmp_path: Any) -> None:
         assert _caches(saver) == (2 << 20, 2 << 20, 4 << 20)
 
 
-def test_cache_bytes_zero_keeps_nothing_and_changes_nothing_stored(tmp_path: Any) -> None:
+def test_cache_bytes_zero_keeps_nothing_and_changes_nothing_stored(
+    tmp_path: Any, monkeypatch: Any
+) -> None:
     stores = {}
+    blobs: dict[str, dict[bytes, bytes]] = {}
     for name, cache in (("cached", None), ("none", 0)):
+        # Versions end in random.random(): the same sequence for both runs,
+        # so both stores key (and digest) the same channel versions.
+        counter = iter(range(1, 1_000_000))
+        monkeypatch.setattr("random.random", lambda c=counter: next(c) / 1e6)
         with KVSaver(str(tmp_path / name), cache_bytes=cache) as saver:
             history = _chat(saver)
             from kvsaver import delta as D
@@ -294,6 +301,7 @@ def test_cache_bytes_zero_keeps_nothing_and_changes_nothing_stored(tmp_path: Any
                 for key, value in txn.scan(b"", b"\xff"):
                     if unpack(key)[0] == S.BLOB:
                         marks.setdefault(unpack(key)[3], []).append(value[:1])
+                        blobs.setdefault(name, {})[key] = value
             stores[name] = (history, n_cp, marks)
     # The same states read back; the same kinds of records, version by
     # version (deltas included: a delta's base is read from the store when
@@ -301,6 +309,7 @@ def test_cache_bytes_zero_keeps_nothing_and_changes_nothing_stored(tmp_path: Any
     assert stores["none"][0] == stores["cached"][0]
     assert stores["none"][1] == stores["cached"][1] > 12
     assert stores["none"][2] == stores["cached"][2]
+    assert blobs["none"] == blobs["cached"]  # every channel value, byte for byte
     from kvsaver import delta as D
 
     assert stores["none"][2]["messages"].count(D.MARK) > 5  # the history as deltas
@@ -317,9 +326,14 @@ def test_cache_bytes_beside_a_serializer_with_its_own_compressor_is_refused(
     tmp_path: Any,
 ) -> None:
     own = CompressingSerializer(cache_bytes=1 << 20)
-    with pytest.raises(ValueError, match="set cache_bytes on that serializer"):
-        KVSaver(str(tmp_path / "never"), serde=own, cache_bytes=4 << 20)
-    assert not (tmp_path / "never").exists()
+    enc = EncryptedSerializer.from_pycryptodome_aes(key=KEY)
+    enc.serde = CompressingSerializer(enc.serde)
+    for serde in (own, enc):
+        with pytest.raises(ValueError, match=r"set it there instead \(CompressingSerializer"):
+            KVSaver(str(tmp_path / "never"), serde=serde, cache_bytes=4 << 20)
+        assert not (tmp_path / "never").exists()
+    with pytest.raises(ValueError, match="cache_bytes"):
+        CompressingSerializer(cache_bytes=True)  # type: ignore[arg-type]
     with KVSaver(str(tmp_path / "s"), serde=own) as saver:  # its own budget, x4 in all
         assert _caches(saver) == (1 << 20, 1 << 20, 2 << 20)
 

@@ -179,7 +179,7 @@ def test_a_list_too_large_to_keep_is_left_to_the_serializer(
     el = E.Elements(max_bytes=2 * (sizes.lists[200].size + sizes.lists[400].size))
     big = _msgs(400)
     assert el.dumps("big", big) == _msgpack_enc(big)
-    assert "big" not in el.lists and el.large == {"big": 400}
+    assert "big" not in el.lists and el.large == {"big": [400, 0]}
     calls.clear()
     prints.clear()
     for n in (401, 420, 201):
@@ -189,6 +189,16 @@ def test_a_list_too_large_to_keep_is_left_to_the_serializer(
     assert el.dumps("big", small) == _msgpack_enc(small)
     assert "big" in el.lists and "big" not in el.large
     assert el.dumps("small", _msgs(5)) is not None and "small" in el.lists
+    # A list whose length stays while its elements shrink: tried again after
+    # E._LARGE_RETRY puts left to the serializer.
+    el.dumps("wide", big)
+    assert "wide" in el.large
+    calls.clear()
+    for _ in range(E._LARGE_RETRY):
+        assert el.dumps("wide", big) is None
+    assert calls == []
+    assert el.dumps("wide", big) == _msgpack_enc(big)  # made again (and still too large)
+    assert calls == [big] and el.large["wide"] == [400, 0]
 
 
 _OPS = st.lists(
