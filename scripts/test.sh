@@ -24,7 +24,21 @@ ln -s "$PWD/kv" "$TREE/kvsaver/kv"
 ln -s "$PWD/tools" "$TREE/kvsaver/tools"
 printf 'from typing import Any\n\ndef __getattr__(name: str) -> Any: ...\n' > "$TREE/stubs/lmdb.pyi"
 PY="$(cd "$VENV/bin" && pwd)/python"
+# mypy runs beside pytest (the suite keeps about one of two cores busy); its
+# output comes after the tests', and either failing fails the script.
+MYPY_LOG="$TREE/mypy.log"
 (cd "$TREE" && MYPYPATH="$TREE/stubs" "$PY" -m mypy \
-    --config-file "$OLDPWD/pyproject.toml" --cache-dir "$OLDPWD/.mypy_cache" -p kvsaver)
+    --config-file "$OLDPWD/pyproject.toml" --cache-dir "$OLDPWD/.mypy_cache" -p kvsaver) \
+    > "$MYPY_LOG" 2>&1 &
+MYPY_PID=$!
 
-"$VENV/bin/python" -m pytest -q "$@"
+PYTEST_RC=0
+"$VENV/bin/python" -m pytest -q "$@" || PYTEST_RC=$?
+MYPY_RC=0
+wait "$MYPY_PID" || MYPY_RC=$?
+cat "$MYPY_LOG"
+if [ "$MYPY_RC" -ne 0 ]; then
+    echo "mypy failed (exit $MYPY_RC)"
+    exit 1
+fi
+exit "$PYTEST_RC"
