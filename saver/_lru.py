@@ -37,19 +37,22 @@ class SizedLRU(Generic[K, V]):
         except KeyError:  # evicted by another thread meanwhile
             pass
 
-    def put(self, key: K, value: V) -> None:
+    def put(self, key: K, value: V) -> bool:
+        """Keep ``value`` for ``key``; False when it costs too much to keep
+        (what ``key`` held is dropped either way)."""
         cost = self.cost(value)
         with self.lock:
             old = self.items.pop(key, None)
             if old is not None:
                 self.size -= self.cost(old)
             if cost > self.max_bytes >> 2:
-                return  # one value that would crowd out the others
+                return False  # one value that would crowd out the others
             self.items[key] = value
             self.size += cost
             while self.size > self.max_bytes:
                 _, gone = self.items.popitem(last=False)
                 self.size -= self.cost(gone)
+            return True
 
     def discard(self, key: K) -> None:
         with self.lock:

@@ -187,8 +187,6 @@ class _Recent(SizedLRU[bytes, _Entry]):
         self.touch(key)
         return e
 
-    add = SizedLRU.put
-
 
 class Pending(NamedTuple):
     """A blob ``put`` will write: ``raw`` ready, or ``plain`` (a list's
@@ -400,7 +398,7 @@ class Codec:
                 return None
             if not chain:
                 e = _Entry(raw, None, 0, base)
-                self.recent.add(key, e)
+                self.recent.put(key, e)
                 return e
             break
         hb = header(base)
@@ -410,7 +408,7 @@ class Codec:
         piece = self._piece_reader()
         parts.extend(piece(rec.typ, rec.piece) for rec in reversed(chain))
         e = _Entry(raw, top.digest, top.depth, b"".join(parts))
-        self.recent.add(key, e)
+        self.recent.put(key, e)
         return e
 
     def _piece_reader(self) -> Callable[[str, bytes], bytes]:
@@ -555,7 +553,7 @@ class Codec:
                     raw = self._delta(txn, p, bkey, ref, get, known)
             if raw is None:
                 raw = S.encode_blob(self.wrap("msgpack", p.plain))
-                self.recent.add(p.key, _Entry(raw, None, 0, p.plain))
+                self.recent.put(p.key, _Entry(raw, None, 0, p.plain))
             put(p.key, raw)
 
     def _delta(
@@ -636,7 +634,7 @@ class Codec:
         digest = base.digest
         if digest is None:  # a whole base: named by its stored bytes
             digest = hashlib.blake2b(base.raw, digest_size=_DIGEST).digest()
-            self.recent.add(bkey, base._replace(digest=digest))
+            self.recent.put(bkey, base._replace(digest=digest))
         # A piece is a message or two: worth compressing from PIECE_THRESHOLD,
         # with the dictionary of message bytes (compression.SMALL_DICT): a
         # 479-byte chat message's msgpack becomes 232 bytes (zstd alone: 331).
@@ -648,7 +646,7 @@ class Codec:
         h.update(piece)
         rec = DeltaRecord(ref, new[0], depth, h.digest(), typ, piece)
         raw = encode(rec)
-        self.recent.add(p.key, _Entry(raw, rec.digest, rec.depth, p.plain))
+        self.recent.put(p.key, _Entry(raw, rec.digest, rec.depth, p.plain))
         return raw
 
     def _ancestor(
@@ -835,7 +833,7 @@ class Codec:
         for k, plain in rebuilt:  # all rebuilt before any is rewritten
             raw = S.encode_blob(self.wrap("msgpack", plain))
             txn.put(k, raw)
-            self.recent.add(k, _Entry(raw, None, 0, plain))
+            self.recent.put(k, _Entry(raw, None, 0, plain))
         return len(rebuilt)
 
 

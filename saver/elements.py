@@ -168,6 +168,13 @@ def _fingerprints(items: list[Any]) -> bytes | None:
     return _plain_bytes([(e.__dict__, e.__pydantic_extra__) for e in items])
 
 
+def _joined(fps: list[bytes | None]) -> bytes | None:
+    """The fingerprints joined (what ``_extend`` compares in one slice), None
+    when one is None."""
+    plain = [f for f in fps if f is not None]
+    return b"".join(plain) if len(plain) == len(fps) else None
+
+
 def _made(e: Any, fp: bytes | None) -> tuple[bytes | None, bytes]:
     """The fingerprint and bytes of an element not kept, ``fp`` its
     fingerprint taken first. One changed by another thread while it was
@@ -283,8 +290,8 @@ class Elements(SizedLRU[Hashable, _Held]):
         made = [_made(e, _fingerprint(e)) for e in new]
         fps = [f for f, _ in made]
         encs = [d for _, d in made]
-        plain = [f for f in fps if f is not None]
-        fp_body = held.fp_body + b"".join(plain) if len(plain) == len(fps) else None
+        joined = _joined(fps)
+        fp_body = held.fp_body + joined if joined is not None else None
         body = held.enc_body + b"".join(encs)
         self._keep(
             key,
@@ -300,10 +307,12 @@ class Elements(SizedLRU[Hashable, _Held]):
     def _whole(self, held: _Held, key: Hashable, value: list[Any], types: list[type]) -> bytes:
         """Element by element: an element kept and unchanged reuses its bytes;
         one whose fields are not plain data is serialized every time."""
-        known = held.fps is not None and held.encs is not None
-        hfps = held.fps if held.fps is not None and known else []
-        hencs = held.encs if held.encs is not None and known else []
-        at = {id(o): i for i, o in enumerate(held.objs)} if known else {}
+        hfps: list[bytes | None] = []
+        hencs: list[bytes] = []
+        at: dict[int, int] = {}
+        if held.fps is not None and held.encs is not None:  # known one by one
+            hfps, hencs = held.fps, held.encs
+            at = {id(o): i for i, o in enumerate(held.objs)}
         fps: list[bytes | None] = []
         encs: list[bytes] = []
         for e, t in zip(value, types):
@@ -321,10 +330,8 @@ class Elements(SizedLRU[Hashable, _Held]):
                 fp, data = _made(e, fp)
             fps.append(fp)
             encs.append(data)
-        plain = [f for f in fps if f is not None]
-        fp_body = b"".join(plain) if len(plain) == len(fps) else None
         body = b"".join(encs)
-        self._keep(key, value, types, fps, encs, fp_body, body)
+        self._keep(key, value, types, fps, encs, _joined(fps), body)
         return make_header(len(value)) + body
 
     def _keep(
@@ -345,13 +352,12 @@ class Elements(SizedLRU[Hashable, _Held]):
         # (the lists and their joins), the elements themselves (about their
         # bytes again), and the lists' and records' own overhead.
         size = 2 * fp_bytes + 3 * len(body) + _PER_ELEMENT * len(value) + _PER_LIST
-        if size > self.max_bytes >> 2:  # never kept (SizedLRU.put): not tried again soon
-            if len(self.large) >= _LARGE_MAX:
-                try:  # the oldest mark out (dicts keep insertion order)
-                    del self.large[next(iter(self.large))]
-                except (KeyError, RuntimeError, StopIteration):  # another thread's change
-                    pass
-            self.large[key] = [len(value), 0]
-            self.discard(key)
+        if self.put(key, _Held(list(value), types, fps, encs, fp_body, body, size)):
             return
-        self.put(key, _Held(list(value), types, fps, encs, fp_body, body, size))
+        # Too large to keep: not tried again soon (``large``).
+        if len(self.large) >= _LARGE_MAX:
+            try:  # the oldest mark out (dicts keep insertion order)
+                del self.large[next(iter(self.large))]
+            except (KeyError, RuntimeError, StopIteration):  # another thread's change
+                pass
+        self.large[key] = [len(value), 0]

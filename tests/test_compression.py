@@ -240,22 +240,13 @@ def _caches(saver: KVSaver) -> tuple[int, int, int | None]:
 
 
 def _chat(saver: KVSaver, turns: int = 12) -> Any:
-    """A real graph appending to a message history: what the caches serve."""
-    from langchain_core.messages import AIMessage, HumanMessage
-    from langgraph.graph import START, MessagesState, StateGraph
+    """A real chat graph growing a message history: what the caches serve."""
+    from saver_helpers_graphs import chat_graph, human
 
-    def step(state: MessagesState) -> dict[str, Any]:
-        n = len(state["messages"])
-        return {"messages": [AIMessage(content=words(60, seed=n), id=f"a{n}")]}
-
-    g = StateGraph(MessagesState)
-    g.add_node("step", step)
-    g.add_edge(START, "step")
-    graph = g.compile(checkpointer=saver)
+    graph = chat_graph(saver)
     cfg: Any = {"configurable": {"thread_id": "chat"}}
     for i in range(turns):
-        msg = HumanMessage(content=words(40, seed=1000 + i), id=f"u{i}")
-        graph.invoke({"messages": [msg]}, cfg, durability="sync")
+        graph.invoke(human(i, words(40, seed=1000 + i)), cfg, durability="sync")
     return [[m.model_dump() for m in s.values["messages"]] for s in graph.get_state_history(cfg)]
 
 
