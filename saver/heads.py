@@ -48,7 +48,7 @@ import ormsgpack
 
 from ._msgpack import make_map_header, map_header
 
-__all__ = ["MAX_BYTES", "build", "parse", "payload", "plain_of", "version_key"]
+__all__ = ["MAX_BYTES", "build", "parse", "payload", "plain_of", "version_key", "versions_of"]
 
 # A head is written while the checkpoint's values fit in this: a long chat's
 # message list outgrows it (its reads are served by deltas and the cache), and
@@ -245,6 +245,31 @@ def build(
             *parts,
         ]
     )
+
+
+def _no_ext(code: int, data: bytes) -> None:
+    return None  # no type the stored data names is looked up, nor called
+
+
+def versions_of(checkpoint_plain: bytes) -> dict[str, Any] | None:
+    """The channel_versions of a checkpoint's msgpack (``plain_of`` of the
+    stored checkpoint), read without the serializer's hooks: nothing the
+    stored data names is imported or called (a head made in the background
+    runs no such code). None unless each is a str, int or float (every
+    version LangGraph makes), the types it can be read back as exactly."""
+    try:
+        cp = ormsgpack.unpackb(
+            checkpoint_plain, ext_hook=_no_ext, option=ormsgpack.OPT_NON_STR_KEYS
+        )
+    except (ValueError, TypeError):
+        return None
+    versions = cp.get("channel_versions") if type(cp) is dict else None
+    if type(versions) is not dict:
+        return None
+    for ch, v in versions.items():
+        if type(ch) is not str or type(v) not in (str, int, float):
+            return None
+    return versions
 
 
 def _key(ch: str) -> bytes:

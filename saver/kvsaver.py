@@ -69,6 +69,7 @@ from . import stats as ST
 from . import threads as TH
 from . import upgrade as U
 from ._compat import HAS_DELTA_CHANNELS, DeltaChannelHistory, writes_sort_key
+from ._idle import IdleWork
 
 __all__ = ["KVSaver", "OptionError"]
 
@@ -76,6 +77,8 @@ T = TypeVar("T")
 _LIST_CHUNK = 32
 # Issue #13: the threads of a saver's async calls on a local store (see _run).
 _ASYNC_THREADS = 32
+# whole_latest="idle": a thread's head is written once no put came for this long
+IDLE_SECONDS = 1.0
 _ASYNC_THREAD_NAME = "kvsaver-async"
 
 
@@ -197,13 +200,20 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             Puts that wait for one commit share it, so more threads mean
             fewer flushes under concurrent ``ainvoke``s, and a longer worst
             wait of the event loop for the GIL (see ``_run``).
-        whole_latest: also keep each thread's newest checkpoint whole, in one
-            uncompressed record that every ``put`` rewrites (``saver.heads``),
-            so ``get_tuple`` of the latest is one lookup and one decode: about
-            half the read, for a copy of the state in every put (about a tenth
-            more graph overhead at full durability). For stores read more than
-            written (``get_state`` polling, reader processes). Local stores only;
-            not with encrypted values.
+        whole_latest: keep each thread's newest checkpoint whole, in one
+            uncompressed record (its head, ``saver.heads``), so that
+            ``get_tuple`` of the latest is one lookup and one decode, about
+            half the read. ``"idle"`` (the default): a thread's head is
+            written by a background thread once no put of this saver came
+            for it for a second (``IDLE_SECONDS``), and by ``close()`` for
+            those still waiting: a running graph pays nothing per superstep,
+            and a thread read after it went quiet (the next ``invoke``,
+            ``get_state`` polling, other processes) reads its head. ``True``:
+            every ``put`` rewrites the head in its own transaction (reads
+            right after a put are fast too, for a copy of the state in every
+            put: about a tenth more graph overhead at full durability).
+            ``False``: no heads, none read. Local stores only; not with
+            encrypted values.
         cache_bytes: memory for this saver's caches of values, about this
             many bytes in all (default ``None``: 32 MiB): decompressed values
             (a quarter, and an eighth of that for small ones), lists rebuilt
@@ -243,7 +253,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         retention: R.Retention | Mapping[str, Any] | None = None,
         clock: Callable[[], float] | None = None,
         async_threads: int | None = _ASYNC_THREADS,
-        whole_latest: bool = False,
+        whole_latest: bool | Literal["idle"] = "idle",
         cache_bytes: int | None = None,
         **store_options: Any,
     ) -> None:
@@ -261,9 +271,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 f"async_threads must be an int from 1 to 1024 or None, got {async_threads!r}"
             )
         self._async_threads = async_threads
-        if type(whole_latest) is not bool:
-            raise ValueError(f"whole_latest must be True or False, got {whole_latest!r}")
+        if type(whole_latest) is not bool and whole_latest != "idle":
+            raise ValueError(f"whole_latest must be True, False or 'idle', got {whole_latest!r}")
         self._whole_latest = whole_latest
+        # whole_latest="idle": the heads of (thread, ns) left alone for
+        # ``IDLE_SECONDS``, written in a background thread (``_idle_heads``)
+        self._idle: IdleWork | None = None
         if cache_bytes is not None and (type(cache_bytes) is not int or cache_bytes < 0):
             raise ValueError(f"cache_bytes must be an int >= 0 or None, got {cache_bytes!r}")
         self._backend = _choose_backend(path_or_store, backend, readonly, given)
@@ -306,6 +319,9 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         self._head_ids: dict[tuple[str, str], str] = {}
         # (thread, ns) -> sizes of stored values found while making no head
         self._head_sizes: dict[tuple[str, str], dict[tuple[str, type, Any], int]] = {}
+        if whole_latest == "idle" and not self.store.readonly and not self._pipelined:
+            # held weakly by its thread: a saver never closed is still freed
+            self._idle = IdleWork(IDLE_SECONDS, KVSaver._idle_heads, self)
         try:
             self._check_schema()
         except BaseException:
@@ -388,7 +404,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
 
     def close(self) -> None:
         """Close the underlying store if this saver opened it, after the async
-        calls in progress have ended (their threads, see ``_run``)."""
+        calls in progress have ended (their threads, see ``_run``) and the
+        heads of the threads written since they were last idle are written
+        (``whole_latest="idle"``)."""
+        idle, self._idle = self._idle, None
+        if idle is not None:
+            idle.close(flush=True)  # what it cannot write (a closed store) stays unwritten
         with self._pool_lock:
             pool, self._pool, self._pool_closed = self._pool, None, True
         if pool is not None and pool[0] == os.getpid():
@@ -489,9 +510,13 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 codec.typed,
                 codec.values,
                 fast,
-                # head records (issue #13): read and written with whole_latest,
-                # on local stores whose values the fast readers load
-                self._whole_latest and fast is not None and codec.heads and not self._pipelined,
+                # head records (issue #13): read unless whole_latest=False
+                # (written by each put when True, once a thread is idle when
+                # "idle"), on local stores whose values the fast readers load
+                self._whole_latest is not False
+                and fast is not None
+                and codec.heads
+                and not self._pipelined,
             )
         return cached
 
@@ -811,6 +836,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # ``heads``), made in the transaction from this put's bytes and the
         # previous head's.
         heads = self._reader_tuple()[5]
+        idle = self._idle if heads else None
+        heads = heads and self._whole_latest is True
         blobs = codec.prepare(thread, ns, new_versions, values, dumps, parent_id, heads)
         # A small record: zstd with a dictionary (issue #15).
         cp_plain: bytes | Literal[False] = False
@@ -866,10 +893,92 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # transact(): concurrent puts share one commit and one sync.
         self.store.transact(write)
         codec.remember(thread, ns, checkpoint_id, cp.get("channel_versions"))
+        if idle is not None:
+            idle.note((thread, ns))
         if self._last_put is not None:
             _remember_put(self._last_put, (thread, ns), checkpoint_id, cp.get("channel_versions"))
         self._sweeper.maybe_step(self)  # retention: a bounded step when one is due
         return _config(thread, ns, checkpoint_id)
+
+    def _idle_heads(self, keys: builtins.list[tuple[str, str]]) -> None:
+        """``whole_latest="idle"``: write the heads of these (thread, ns), left
+        alone since their last put here, in one transaction. Each is made
+        from the store in a read transaction (no writer waits meanwhile),
+        then written only if nothing it was made from changed since (the
+        latest record, the head record, the values' blobs, compared byte for
+        byte); else, or on any error, left unwritten: a head is only a copy.
+        Runs in ``IdleWork``'s thread, and in ``close()``."""
+        try:
+            with self.store.read() as txn:
+                made = [m for key in keys if (m := self._idle_head(txn, *key)) is not None]
+            if not made:
+                return
+
+            def write(txn: Any) -> None:
+                for thread, ns, hkey, seen, raw, blobs, head, _ in made:
+                    if (
+                        TH.find_record(txn, thread, ns, None) != raw
+                        or txn.get(hkey) != seen
+                        or txn.get_many(list(blobs)) != list(blobs.values())
+                    ):
+                        continue
+                    txn.put(hkey, head)
+
+            self.store.transact(write)
+            for thread, ns, *_, cid in made:
+                self._remember_head(thread, ns, cid)
+        except Exception:  # a closed or full store, a value it cannot read: no heads
+            return
+
+    def _idle_head(
+        self, txn: Any, thread: str, ns: str
+    ) -> tuple[str, str, bytes, bytes | None, bytes, dict[bytes, bytes | None], bytes, str] | None:
+        """(thread, ns, head key, the head record seen, the latest record,
+        {blob key: raw} read, the new head, checkpoint id) for the latest
+        checkpoint of (thread, ns), or None when it has no head to write (none
+        stored, its head already current, values a head cannot hold)."""
+        raw = TH.find_record(txn, thread, ns, None)
+        if raw is None:
+            return None
+        hkey = S.head_key(thread, ns)
+        seen = txn.get(hkey)
+        if H.payload(seen, raw) is not None:
+            return None  # already this checkpoint's
+        codec = D.codec(self.serde)
+        rec = S.decode_checkpoint(raw)
+        cp_plain = H.plain_of(*codec.unwrap(*rec.checkpoint))
+        md_plain = H.plain_of(*rec.metadata)
+        if cp_plain is False or md_plain is False:
+            return None
+        versions = H.versions_of(cp_plain)  # no value decoded: no stored code runs
+        if versions is None:
+            return None
+        blobs: dict[bytes, bytes | None] = {}
+
+        def stored(ch: str, v: Any) -> bytes | Literal[False] | None:
+            key = S.blob_key(thread, ns, ch, v)
+            got = blobs[key] = txn.get(key)
+            return codec.head_value(txn, key, got)
+
+        try:
+            head = H.build(
+                raw,
+                rec.checkpoint_id,
+                rec.parent_id,
+                cp_plain,
+                md_plain,
+                versions,
+                {},
+                None,
+                None,
+                stored,
+                {},
+            )
+        except (CorruptStoreError, ValueError, TypeError, LookupError, OverflowError):
+            return None  # a value it cannot read: no head (a read of it says so)
+        if head is None:
+            return None
+        return thread, ns, hkey, seen, raw, blobs, head, rec.checkpoint_id
 
     def _put_head(
         self,

@@ -572,7 +572,9 @@ def _open_dest(
             if not os.path.exists(path) or (os.path.isdir(path) and not os.listdir(path)):
                 return None, False
             return KVSaver(path, readonly=True, **options), True
-        return KVSaver(path, **options), True
+        # No heads of idle threads (whole_latest="idle"): each thread copied
+        # would be read back for one, during the copy and at its close.
+        return KVSaver(path, **{"whole_latest": False, **options}), True
     except (KVError, OSError, OptionError) as e:
         # OptionError: an option this destination's backend does not take
         # (``--durability`` with a PostgreSQL URL), refused before opening.

@@ -1,6 +1,7 @@
-"""Head records (issue #13, saver/heads.py; ``whole_latest=True``): a
-thread's newest checkpoint whole in one record, read by get_tuple instead of
-its blobs.
+"""Head records (issue #13, saver/heads.py): a thread's newest checkpoint
+whole in one record, read by get_tuple instead of its blobs; written by
+every put with ``whole_latest=True``, once the thread is left alone with
+``"idle"`` (the default), never with False.
 
 What must hold: a read through a head returns exactly what the blobs give
 (every value type, forks, namespaces, hostile ids); a head is used only for
@@ -20,6 +21,7 @@ from kvsaver import KVSaver
 from kvsaver import heads as H
 from kvsaver import schema as S
 from kvsaver import threads as TH
+from kvsaver._idle import IdleWork
 from kvsaver.kv.keys import unpack
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from saver_helpers import config, damage_zstd_blob, make_checkpoint, open_kv, tuple_dict
@@ -227,19 +229,175 @@ def test_heads_count_in_the_thread_stats(tmp_path: Path) -> None:
         assert stats.threads[0].bytes >= len(head)
 
 
-def test_off_by_default_and_a_default_put_removes_a_head(tmp_path: Path) -> None:
-    with KVSaver(tmp_path / "s") as plain:
+@pytest.mark.parametrize("mode", [False, "idle"])
+def test_a_put_without_whole_latest_true_removes_a_head(tmp_path: Path, mode: Any) -> None:
+    with KVSaver(tmp_path / "s", whole_latest=False) as plain:
         put(plain, "t", "1", {"a": 1}, {"a": "1"}, {"a": "1"})
         assert heads(plain) == {}
+    assert heads_of(tmp_path / "s") == {}  # False: none, not even at close
     with KVSaver(tmp_path / "s", whole_latest=True) as fast:
         put(fast, "t", "2", {"a": 2}, {"a": "2"}, {"a": "2"}, "1")
         assert list(heads(fast)) == [("t", "")]
-    with KVSaver(tmp_path / "s") as plain:
-        # a saver without whole_latest does not keep the head, so it drops it
-        put(plain, "t", "3", {"a": 3}, {"a": "3"}, {"a": "3"}, "2")
-        assert heads(plain) == {}
-        got = plain.get_tuple(config("t"))
+    with KVSaver(tmp_path / "s", whole_latest=mode) as other:
+        if other._idle is not None:
+            other._idle.delay = 3600
+        # a put that does not write the head in its transaction drops it
+        put(other, "t", "3", {"a": 3}, {"a": "3"}, {"a": "3"}, "2")
+        assert heads(other) == {}
+        got = other.get_tuple(config("t"))
         assert got is not None and got.checkpoint["channel_values"] == {"a": 3}
+
+
+def idle_of(saver: KVSaver) -> IdleWork:
+    assert saver._idle is not None
+    return saver._idle
+
+
+def heads_of(path: Path) -> dict[tuple[Any, ...], bytes]:
+    with KVSaver(path, whole_latest=False) as saver:
+        return heads(saver)
+
+
+# -- whole_latest="idle" (the default): heads of threads left alone -----------------
+
+
+def test_idle_is_the_default(tmp_path: Path) -> None:
+    with KVSaver(tmp_path / "s") as saver:
+        assert saver._whole_latest == "idle"
+
+
+@pytest.mark.parametrize("backend", LOCAL)
+@pytest.mark.parametrize("thread", HOSTILE)
+def test_idle_heads_are_written_when_the_thread_is_left_alone(
+    tmp_path: Path, backend: str, thread: str
+) -> None:
+    with open_kv(backend, tmp_path) as saver:
+        idle_of(saver).delay = 3600  # not before flush(): no timing in this test
+        put(saver, thread, "1", {"a": [1, 2], "b": "x"}, {"a": "1", "b": "1"}, {"a": "1", "b": "1"})
+        put(saver, thread, "2", {"a": [1, 2, 3], "b": "x"}, {"a": "2", "b": "1"}, {"a": "2"}, "1")
+        saver.put_writes(config(thread, "", "2"), [("a", 4), ("b", None)], "task")
+        assert heads(saver) == {}  # not written by the puts
+        want = from_blobs(saver, config(thread))
+        assert idle_of(saver).pending() == 1
+        idle_of(saver).flush()
+        assert list(heads(saver)) == [(S.k(thread), "")]
+        drop_blobs(saver)  # the head alone must give the same tuple
+        assert tuple_dict(saver.get_tuple(config(thread))) == want
+        by_id = saver.get_tuple(config(thread, "", "2"))
+        assert by_id is not None and by_id.pending_writes == [("task", "a", 4), ("task", "b", None)]
+
+
+def test_idle_heads_come_by_themselves(tmp_path: Path) -> None:
+    """Without flush(): the background thread writes them after the delay."""
+    import time
+
+    with KVSaver(tmp_path / "s") as saver:
+        idle_of(saver).delay = 0.05
+        for t in ("t", "u"):
+            put(saver, t, "1", {"a": [1]}, {"a": "1"}, {"a": "1"})
+        deadline = time.monotonic() + 30
+        while len(heads(saver)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert list(heads(saver)) == [("t", ""), ("u", "")]
+        # a put of an idle thread drops its head; the thread gets one again
+        put(saver, "t", "2", {"a": [1, 2]}, {"a": "2"}, {"a": "2"}, "1")
+        while H.parse(heads(saver).get(("t", ""))) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        drop_blobs(saver)
+        got = saver.get_tuple(config("t"))
+        assert got is not None and got.checkpoint["channel_values"] == {"a": [1, 2]}
+
+
+@pytest.mark.parametrize("backend", ["lmdb", "file"])
+def test_close_writes_the_heads_still_waiting(tmp_path: Path, backend: str) -> None:
+    with open_kv(backend, tmp_path) as saver:
+        idle_of(saver).delay = 3600
+        put(saver, "t", "1", {"a": [1]}, {"a": "1"}, {"a": "1"})
+        put(saver, "t", "2", {"a": [1, 2]}, {"a": "2"}, {"a": "2"}, "1")
+        want = from_blobs(saver, config("t"))
+        assert heads(saver) == {}
+    with open_kv(backend, tmp_path) as saver:
+        assert list(heads(saver)) == [("t", "")]
+        drop_blobs(saver)
+        assert tuple_dict(saver.get_tuple(config("t"))) == want
+
+
+def _changed_under(saver: KVSaver, change: Any) -> None:
+    """Run ``change(txn)`` in a write transaction between the idle head's
+    making (in a read transaction) and its writing."""
+    made = saver._idle_head
+
+    def between(txn: Any, thread: str, ns: str) -> Any:
+        out = made(txn, thread, ns)
+        saver.store.transact(change)
+        return out
+
+    saver._idle_head = between  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("what", ["blob", "record", "head"])
+def test_an_idle_head_made_from_what_changed_since_is_not_written(
+    tmp_path: Path, what: str
+) -> None:
+    """The same checkpoint put again with another value under the same
+    version (versions that are not unique, as in tests), a newer record, or
+    another writer's head, after the head was made: it is not written."""
+    with KVSaver(tmp_path / "s") as saver:
+        idle_of(saver).delay = 3600
+        put(saver, "t", "1", {"a": [1], "b": "x"}, {"a": "1", "b": "1"}, {"a": "1", "b": "1"})
+        other = KVSaver(":memory:", whole_latest=False)
+        put(other, "t", "1", {"a": [9], "b": "y"}, {"a": "1", "b": "1"}, {"a": "1", "b": "1"})
+        put(other, "t", "2", {"a": [9], "b": "y"}, {"a": "1", "b": "1"}, {}, "1")
+        with other.store.read() as txn:
+            foreign = dict(txn.scan(None, None))
+        if what == "blob":
+            key = S.blob_key("t", "", "b", "1")
+            _changed_under(saver, lambda txn: txn.put(key, foreign[key]))
+        elif what == "record":
+            key = S.checkpoint_key("t", "", "2")
+            _changed_under(saver, lambda txn: txn.put(key, foreign[key]))
+        else:
+            _changed_under(saver, lambda txn: txn.put(S.head_key("t", ""), b"someone's"))
+        idle_of(saver).flush()
+        assert heads(saver) in ({}, {("t", ""): b"someone's"})
+        if what == "blob":
+            got = saver.get_tuple(config("t"))
+            assert got is not None and got.checkpoint["channel_values"]["b"] == "y"
+
+
+def test_an_idle_head_the_store_cannot_take_is_left_out(tmp_path: Path) -> None:
+    """A full store (or a closed one): no head, no error, the data intact."""
+    from kvsaver.kv import StoreFullError
+
+    with KVSaver(tmp_path / "s") as saver:
+        idle_of(saver).delay = 3600
+        put(saver, "t", "1", {"a": [1]}, {"a": "1"}, {"a": "1"})
+        want = from_blobs(saver, config("t"))
+
+        def full(fn: Any) -> Any:
+            raise StoreFullError("full")
+
+        transact, saver.store.transact = saver.store.transact, full  # type: ignore[method-assign]
+        idle_of(saver).flush()
+        saver.store.transact = transact  # type: ignore[method-assign]
+        assert heads(saver) == {}
+        assert tuple_dict(saver.get_tuple(config("t"))) == want
+    saver.close()  # closed twice: nothing left to write, no error
+
+
+def test_no_idle_heads_for_encrypted_values(tmp_path: Path) -> None:
+    serde = EncryptedSerializer.from_pycryptodome_aes(key=b"k" * 16)
+    with KVSaver(tmp_path / "enc", serde=serde) as saver:
+        put(saver, "t", "1", {"a": "secret value"}, {"a": "1"}, {"a": "1"})
+        assert idle_of(saver).pending() == 0  # nothing noted
+    assert heads_of(tmp_path / "enc") == {}
+
+
+def test_an_idle_head_of_a_value_too_large_is_none(tmp_path: Path) -> None:
+    big = "z" * (H.MAX_BYTES + 1)
+    with KVSaver(tmp_path / "s") as saver:
+        put(saver, "t", "1", {"a": big}, {"a": "1"}, {"a": "1"})
+    assert heads_of(tmp_path / "s") == {}
 
 
 def test_an_older_put_rewriting_a_held_version_drops_the_head(tmp_path: Path) -> None:
@@ -250,8 +408,8 @@ def test_an_older_put_rewriting_a_held_version_drops_the_head(tmp_path: Path) ->
         assert tuple_dict(saver.get_tuple(config("t"))) == from_blobs(saver, config("t"))
 
 
-@pytest.mark.parametrize("bad", [1, "yes", None])
-def test_whole_latest_must_be_a_bool(tmp_path: Path, bad: Any) -> None:
+@pytest.mark.parametrize("bad", [1, "yes", None, "IDLE"])
+def test_whole_latest_must_be_a_bool_or_idle(tmp_path: Path, bad: Any) -> None:
     with pytest.raises(ValueError, match="whole_latest"):
         KVSaver(tmp_path / "s", whole_latest=bad)
     assert not (tmp_path / "s").exists()

@@ -432,8 +432,9 @@ def test_destination_with_other_data_needs_merge(graphs_db, tmp_path, capsys):
     with KVSaver(dest) as kv:  # someone else's conversation
         graph = fanout_graph(kv)
         graph.invoke({"items": [1, 3], "results": []}, {"configurable": {"thread_id": "mine"}})
-        image = store_image(kv.store)
         mine_count = checkpoint_count(kv.store)
+    with KVSaver(dest, readonly=True) as kv:  # as closed (with the heads close wrote)
+        image = store_image(kv.store)
     rc, _, err = cli(capsys, graphs_db, dest)
     assert rc == 2
     assert "not in" in err and "--merge" in err and "'mine'" in err
