@@ -34,6 +34,7 @@ from langgraph.graph.message import add_messages
 KV_LMDB = "kvsaver-lmdb"
 KV_MEM = "kvsaver-memory"
 KV_WHOLE = "kvsaver-lmdb-whole"  # KVSaver(dir, whole_latest=True): issue #13 read rows only
+KV_BLOBS = "kvsaver-lmdb-blobs"  # KVSaver(dir, whole_latest=False): issue #13 read rows only
 SQLITE = "sqlite"
 INMEM = "inmemory"
 SAVERS = [KV_LMDB, KV_MEM, SQLITE, INMEM]
@@ -48,6 +49,8 @@ def make_saver(name: str, workdir: str, **kv_options: Any) -> BaseCheckpointSave
         return KVSaver(os.path.join(workdir, "kv"), **kv_options)
     if name == KV_WHOLE:  # whole_latest=True (issue #13, saver/heads.py)
         return KVSaver(os.path.join(workdir, "kv"), whole_latest=True, **kv_options)
+    if name == KV_BLOBS:  # no heads: a thread read before it went idle
+        return KVSaver(os.path.join(workdir, "kv"), whole_latest=False, **kv_options)
     if name == KV_MEM:
         return KVSaver(":memory:")
     if name == SQLITE:
@@ -370,7 +373,8 @@ def populate13(saver: BaseCheckpointSaver, threads: int = R13_THREADS) -> Store1
 def build_store13(name: str, workdir: str, threads: int = R13_THREADS) -> Store13:
     """Build fast (no fsync while building), then reopen with the defaults."""
     t0 = time.perf_counter()
-    if name == KV_LMDB:
+    if name in (KV_LMDB, KV_BLOBS):
+        # KV_LMDB: the heads of idle threads, written during the build and by close()
         builder = make_saver(name, workdir, durability="none")
         st = populate13(builder, threads)
         builder.store.sync()  # type: ignore[attr-defined]
