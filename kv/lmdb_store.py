@@ -1182,6 +1182,7 @@ class LMDBStore:
         self.path = os.path.abspath(os.fspath(path))
         self.readonly = readonly
         self.durability = durability
+        self.max_size = max_size  # the cap on the data file, None for none
         self._closed = False
         _check_dir(self.path, readonly)
         map_size = max(_PAGE * 8, (map_size + _PAGE - 1) // _PAGE * _PAGE)

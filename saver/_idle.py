@@ -55,7 +55,8 @@ class IdleWork:
         _LIVE.add(self)
 
     def _reset(self) -> None:
-        self._pid = os.getpid()
+        """Also in a child after ``fork`` (``_after_fork``): none of the
+        parent's keys or thread."""
         # key -> monotonic time of its last note, oldest first
         self._due: OrderedDict[Hashable, float] = OrderedDict()
         self._thread: threading.Thread | None = None
@@ -63,26 +64,25 @@ class IdleWork:
         self._stop = threading.Event()
         self._busy = threading.Lock()  # held while keys are taken and done
 
-    def _fresh(self) -> None:
-        if self._pid != os.getpid():
-            self._reset()  # a forked child: none of the parent's keys or thread
-
     def note(self, key: Hashable) -> None:
-        """``key`` changed now: its work waits ``delay`` from now."""
-        self._fresh()
+        """``key`` changed now: its work waits ``delay`` from now. Never
+        raises: a thread that cannot be started (the process's limit) leaves
+        the keys to ``flush()`` and ``close()``."""
         if self._stop.is_set():
             return
         due = self._due
+        due.pop(key, None)  # then in at the end: no call that can miss the key
         due[key] = time.monotonic()
-        due.move_to_end(key)
         if self._thread is None and self._starting.acquire(blocking=False):
-            thread = threading.Thread(target=self._loop, name="kvsaver-idle", daemon=True)
-            thread.start()
-            self._thread = thread
+            try:
+                thread = threading.Thread(target=self._loop, name="kvsaver-idle", daemon=True)
+                thread.start()
+                self._thread = thread
+            except Exception:  # e.g. "can't start new thread": no background writing
+                pass
 
     def pending(self) -> int:
         """How many keys wait."""
-        self._fresh()
         return len(self._due)
 
     def _take(self, now: float | None) -> list[Any]:
@@ -99,7 +99,10 @@ class IdleWork:
                 # Not due: back in front, unless noted again meanwhile (then
                 # it is at the end, with its new time).
                 if due.setdefault(key, at) == at:
-                    due.move_to_end(key, last=False)
+                    try:
+                        due.move_to_end(key, last=False)
+                    except KeyError:  # taken meanwhile (close, flush): gone
+                        pass
                 break
             out.append(key)
         return out
@@ -130,16 +133,18 @@ class IdleWork:
                 return
             with busy:
                 while not stop.is_set():
-                    keys = self._take(time.monotonic())
-                    if keys and not self._run(keys):
-                        return
+                    try:
+                        keys = self._take(time.monotonic())
+                    except Exception:  # (not seen) the queue changed under it: look again
+                        break
                     if not keys:
                         break
+                    if not self._run(keys):
+                        return
 
     def flush(self) -> None:
         """Run ``action`` now for every key waiting, in this thread (after an
         action in progress, waiting a few seconds at most)."""
-        self._fresh()
         if not self._busy.acquire(timeout=_STOP_SECONDS):
             return
         try:
@@ -151,15 +156,16 @@ class IdleWork:
     def close(self, flush: bool = False) -> None:
         """Stop the thread (waiting a few seconds at most for an action in
         progress); with ``flush``, run what waits first. Idempotent."""
-        self._fresh()
-        if flush and not self._stop.is_set():
-            self.flush()
-        self._stop.set()
-        self._due.clear()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(_STOP_SECONDS)
-        _LIVE.discard(self)
+        try:
+            if flush and not self._stop.is_set():
+                self.flush()
+        finally:
+            self._stop.set()
+            thread = self._thread
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(_STOP_SECONDS)
+            self._due.clear()
+            _LIVE.discard(self)
 
 
 _LIVE: weakref.WeakSet[IdleWork] = weakref.WeakSet()
@@ -169,3 +175,15 @@ _LIVE: weakref.WeakSet[IdleWork] = weakref.WeakSet()
 def _stop_all() -> None:
     for work in list(_LIVE):
         work.close()
+
+
+def _after_fork() -> None:
+    try:
+        works = list(_LIVE)
+    except RuntimeError:  # another thread was changing it at the fork: none to reset
+        return
+    for work in works:
+        work._reset()
+
+
+os.register_at_fork(after_in_child=_after_fork)

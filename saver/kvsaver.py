@@ -275,7 +275,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             raise ValueError(f"whole_latest must be True, False or 'idle', got {whole_latest!r}")
         self._whole_latest = whole_latest
         # whole_latest="idle": the heads of (thread, ns) left alone for
-        # ``IDLE_SECONDS``, written in a background thread (``_idle_heads``)
+        # ``IDLE_SECONDS``, written in a background thread (``_IdleHeads``)
         self._idle: IdleWork | None = None
         if cache_bytes is not None and (type(cache_bytes) is not int or cache_bytes < 0):
             raise ValueError(f"cache_bytes must be an int >= 0 or None, got {cache_bytes!r}")
@@ -320,8 +320,11 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # (thread, ns) -> sizes of stored values found while making no head
         self._head_sizes: dict[tuple[str, str], dict[tuple[str, type, Any], int]] = {}
         if whole_latest == "idle" and not self.store.readonly and not self._pipelined:
-            # held weakly by its thread: a saver never closed is still freed
-            self._idle = IdleWork(IDLE_SECONDS, KVSaver._idle_heads, self)
+            # What its thread works on, held by this saver and its clones
+            # (with_allowlist), weakly by the thread: a saver never closed
+            # is still freed, and its thread ends.
+            self._idle_heads = _IdleHeads(self.store, self.serde, self._head_ids, self._head_sizes)
+            self._idle = IdleWork(IDLE_SECONDS, _IdleHeads.write, self._idle_heads)
         try:
             self._check_schema()
         except BaseException:
@@ -404,20 +407,24 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
 
     def close(self) -> None:
         """Close the underlying store if this saver opened it, after the async
-        calls in progress have ended (their threads, see ``_run``) and the
-        heads of the threads written since they were last idle are written
-        (``whole_latest="idle"``)."""
-        idle, self._idle = self._idle, None
-        if idle is not None:
-            idle.close(flush=True)  # what it cannot write (a closed store) stays unwritten
-        with self._pool_lock:
-            pool, self._pool, self._pool_closed = self._pool, None, True
-        if pool is not None and pool[0] == os.getpid():
-            # Not from one of its own threads: a thread cannot wait for itself.
-            ours = threading.current_thread().name.startswith(_ASYNC_THREAD_NAME)
-            pool[1].shutdown(wait=not ours)
-        if self._owns_store:
-            self.store.close()
+        calls in progress have ended (their threads, see ``_run``) and then
+        the heads still waiting are written (``whole_latest="idle"``: those
+        the store can take, within a few seconds)."""
+        try:
+            with self._pool_lock:
+                pool, self._pool, self._pool_closed = self._pool, None, True
+            if pool is not None and pool[0] == os.getpid():
+                # Not from one of its own threads: a thread cannot wait for itself.
+                ours = threading.current_thread().name.startswith(_ASYNC_THREAD_NAME)
+                pool[1].shutdown(wait=not ours)
+        finally:
+            idle, self._idle = self._idle, None
+            try:
+                if idle is not None:
+                    idle.close(flush=True)
+            finally:
+                if self._owns_store:
+                    self.store.close()
 
     def __enter__(self) -> KVSaver:
         return self
@@ -899,86 +906,6 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             _remember_put(self._last_put, (thread, ns), checkpoint_id, cp.get("channel_versions"))
         self._sweeper.maybe_step(self)  # retention: a bounded step when one is due
         return _config(thread, ns, checkpoint_id)
-
-    def _idle_heads(self, keys: builtins.list[tuple[str, str]]) -> None:
-        """``whole_latest="idle"``: write the heads of these (thread, ns), left
-        alone since their last put here, in one transaction. Each is made
-        from the store in a read transaction (no writer waits meanwhile),
-        then written only if nothing it was made from changed since (the
-        latest record, the head record, the values' blobs, compared byte for
-        byte); else, or on any error, left unwritten: a head is only a copy.
-        Runs in ``IdleWork``'s thread, and in ``close()``."""
-        try:
-            with self.store.read() as txn:
-                made = [m for key in keys if (m := self._idle_head(txn, *key)) is not None]
-            if not made:
-                return
-
-            def write(txn: Any) -> None:
-                for thread, ns, hkey, seen, raw, blobs, head, _ in made:
-                    if (
-                        TH.find_record(txn, thread, ns, None) != raw
-                        or txn.get(hkey) != seen
-                        or txn.get_many(list(blobs)) != list(blobs.values())
-                    ):
-                        continue
-                    txn.put(hkey, head)
-
-            self.store.transact(write)
-            for thread, ns, *_, cid in made:
-                self._remember_head(thread, ns, cid)
-        except Exception:  # a closed or full store, a value it cannot read: no heads
-            return
-
-    def _idle_head(
-        self, txn: Any, thread: str, ns: str
-    ) -> tuple[str, str, bytes, bytes | None, bytes, dict[bytes, bytes | None], bytes, str] | None:
-        """(thread, ns, head key, the head record seen, the latest record,
-        {blob key: raw} read, the new head, checkpoint id) for the latest
-        checkpoint of (thread, ns), or None when it has no head to write (none
-        stored, its head already current, values a head cannot hold)."""
-        raw = TH.find_record(txn, thread, ns, None)
-        if raw is None:
-            return None
-        hkey = S.head_key(thread, ns)
-        seen = txn.get(hkey)
-        if H.payload(seen, raw) is not None:
-            return None  # already this checkpoint's
-        codec = D.codec(self.serde)
-        rec = S.decode_checkpoint(raw)
-        cp_plain = H.plain_of(*codec.unwrap(*rec.checkpoint))
-        md_plain = H.plain_of(*rec.metadata)
-        if cp_plain is False or md_plain is False:
-            return None
-        versions = H.versions_of(cp_plain)  # no value decoded: no stored code runs
-        if versions is None:
-            return None
-        blobs: dict[bytes, bytes | None] = {}
-
-        def stored(ch: str, v: Any) -> bytes | Literal[False] | None:
-            key = S.blob_key(thread, ns, ch, v)
-            got = blobs[key] = txn.get(key)
-            return codec.head_value(txn, key, got)
-
-        try:
-            head = H.build(
-                raw,
-                rec.checkpoint_id,
-                rec.parent_id,
-                cp_plain,
-                md_plain,
-                versions,
-                {},
-                None,
-                None,
-                stored,
-                {},
-            )
-        except (CorruptStoreError, ValueError, TypeError, LookupError, OverflowError):
-            return None  # a value it cannot read: no head (a read of it says so)
-        if head is None:
-            return None
-        return thread, ns, hkey, seen, raw, blobs, head, rec.checkpoint_id
 
     def _put_head(
         self,
@@ -1584,6 +1511,119 @@ class _Opening(AbstractContextManager, AbstractAsyncContextManager):
         if self._saver is not None:
             saver, self._saver = self._saver, None
             await asyncio.to_thread(saver.close)
+
+
+class _IdleHeads:
+    """The heads of threads gone idle (``whole_latest="idle"``): what
+    ``IdleWork``'s thread calls, with what it needs of the saver (its store,
+    serializer and head hints), held by the saver and its ``with_allowlist``
+    clones, so that the thread runs while any of them is alive and holds none.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        serde: SerializerProtocol,
+        head_ids: dict[tuple[str, str], str],
+        head_sizes: dict[tuple[str, str], dict[tuple[str, type, Any], int]],
+    ) -> None:
+        self.store = store
+        self.serde = serde
+        self.head_ids = head_ids
+        self.head_sizes = head_sizes
+
+    def write(self, keys: builtins.list[tuple[str, str]]) -> None:
+        """Write the heads of these (thread, ns), left alone since their last
+        put, in one transaction of their own: each is made from the store in
+        a read transaction (no writer waits meanwhile), then written only if
+        nothing it was made from changed since (the latest record, the head
+        record, the values' blobs, compared byte for byte). Not in a put's
+        group commit, so a head the store cannot take fails no put; and none
+        on a store within a quarter of its ``max_size``, whose room is for
+        checkpoints. Whatever goes wrong leaves heads unwritten: they are only
+        copies. Runs in ``IdleWork``'s thread, and in ``close()``."""
+        try:
+            if self._near_cap():
+                return
+            with self.store.read() as txn:
+                made = [m for key in keys if (m := self._make_or_none(txn, *key)) is not None]
+            if not made:
+                return
+            with self.store.write() as txn:
+                for thread, ns, hkey, seen, raw, blobs, head, _ in made:
+                    if (
+                        TH.find_record(txn, thread, ns, None) == raw
+                        and txn.get(hkey) == seen
+                        and txn.get_many(list(blobs)) == list(blobs.values())
+                    ):
+                        txn.put(hkey, head)
+            for thread, ns, *_, cid in made:
+                _bounded_put(self.head_ids, (thread, ns), cid)
+        except Exception:  # a closed or full store, another process's lock...: no heads
+            return
+
+    def _near_cap(self) -> bool:
+        cap = getattr(self.store, "max_size", None)
+        info = getattr(self.store, "info", None)
+        return cap is not None and info is not None and info()["used_bytes"] > cap - cap // 4
+
+    def _make_or_none(self, txn: Any, thread: str, ns: str) -> Any:
+        try:
+            return self.make(txn, thread, ns)
+        except Exception:  # a record it cannot read: no head for it, the others go on
+            return None
+
+    def make(
+        self, txn: Any, thread: str, ns: str
+    ) -> tuple[str, str, bytes, bytes | None, bytes, dict[bytes, bytes | None], bytes, str] | None:
+        """(thread, ns, head key, the head record seen, the latest record,
+        {blob key: raw} read, the new head, checkpoint id) for the latest
+        checkpoint of (thread, ns), or None when it has no head to write (none
+        stored, its head already current, values a head cannot hold)."""
+        raw = TH.find_record(txn, thread, ns, None)
+        if raw is None:
+            return None
+        hkey = S.head_key(thread, ns)
+        seen = txn.get(hkey)
+        if H.payload(seen, raw) is not None:
+            return None  # already this checkpoint's
+        codec = D.codec(self.serde)
+        rec = S.decode_checkpoint(raw)
+        cp_plain = H.plain_of(*codec.unwrap(*rec.checkpoint))
+        md_plain = H.plain_of(*rec.metadata)
+        if cp_plain is False or md_plain is False:
+            return None
+        versions = H.versions_of(cp_plain)  # no value decoded: no stored code runs
+        if versions is None:
+            return None
+        blobs: dict[bytes, bytes | None] = {}
+
+        def stored(ch: str, v: Any) -> bytes | Literal[False] | None:
+            key = S.blob_key(thread, ns, ch, v)
+            got = blobs[key] = txn.get(key)
+            return codec.head_value(txn, key, got)
+
+        # What a put or an earlier try found too large (a long chat's list) is
+        # not read from its blobs again (``heads.build``'s ``sizes``).
+        sizes = self.head_sizes.pop((thread, ns), {})
+        head = H.build(
+            raw,
+            rec.checkpoint_id,
+            rec.parent_id,
+            cp_plain,
+            md_plain,
+            versions,
+            {},
+            None,
+            None,
+            stored,
+            sizes,
+        )
+        if head is None:
+            if sizes:
+                _bounded_put(self.head_sizes, (thread, ns), sizes)
+            return None
+        return thread, ns, hkey, seen, raw, blobs, head, rec.checkpoint_id
 
 
 # -- list helpers ---------------------------------------------------------------

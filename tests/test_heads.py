@@ -24,6 +24,7 @@ from kvsaver import threads as TH
 from kvsaver._idle import IdleWork
 from kvsaver.kv.keys import unpack
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from saver_helpers import config, damage_zstd_blob, make_checkpoint, open_kv, tuple_dict
 
 LOCAL = ["lmdb", "memory", "file"]
@@ -325,14 +326,15 @@ def test_close_writes_the_heads_still_waiting(tmp_path: Path, backend: str) -> N
 def _changed_under(saver: KVSaver, change: Any) -> None:
     """Run ``change(txn)`` in a write transaction between the idle head's
     making (in a read transaction) and its writing."""
-    made = saver._idle_head
+    heads = saver._idle_heads
+    made = heads.make
 
     def between(txn: Any, thread: str, ns: str) -> Any:
         out = made(txn, thread, ns)
         saver.store.transact(change)
         return out
 
-    saver._idle_head = between  # type: ignore[method-assign]
+    heads.make = between  # type: ignore[method-assign]
 
 
 @pytest.mark.parametrize("what", ["blob", "record", "head"])
@@ -374,12 +376,12 @@ def test_an_idle_head_the_store_cannot_take_is_left_out(tmp_path: Path) -> None:
         put(saver, "t", "1", {"a": [1]}, {"a": "1"}, {"a": "1"})
         want = from_blobs(saver, config("t"))
 
-        def full(fn: Any) -> Any:
+        def full() -> Any:
             raise StoreFullError("full")
 
-        transact, saver.store.transact = saver.store.transact, full  # type: ignore[method-assign]
+        write, saver.store.write = saver.store.write, full  # type: ignore[method-assign]
         idle_of(saver).flush()
-        saver.store.transact = transact  # type: ignore[method-assign]
+        saver.store.write = write  # type: ignore[method-assign]
         assert heads(saver) == {}
         assert tuple_dict(saver.get_tuple(config("t"))) == want
     saver.close()  # closed twice: nothing left to write, no error
@@ -397,7 +399,67 @@ def test_an_idle_head_of_a_value_too_large_is_none(tmp_path: Path) -> None:
     big = "z" * (H.MAX_BYTES + 1)
     with KVSaver(tmp_path / "s") as saver:
         put(saver, "t", "1", {"a": big}, {"a": "1"}, {"a": "1"})
-    assert heads_of(tmp_path / "s") == {}
+        put(saver, "u", "1", {"a": "small"}, {"a": "1"}, {"a": "1"})
+    assert list(heads_of(tmp_path / "s")) == [("u", "")]
+
+
+def test_one_record_it_cannot_read_leaves_the_others_their_heads(tmp_path: Path) -> None:
+    with KVSaver(tmp_path / "s") as saver:
+        for t in ("t", "u", "v"):
+            put(saver, t, "1", {"a": [1]}, {"a": "1"}, {"a": "1"})
+        key = S.checkpoint_key("u", "", "1")
+        saver.store.transact(lambda txn: txn.put(key, b"not a record"))
+    assert list(heads_of(tmp_path / "s")) == [("t", ""), ("v", "")]
+
+
+def test_no_idle_heads_on_a_store_near_its_cap(tmp_path: Path) -> None:
+    """Within a quarter of ``max_size`` the room is for checkpoints."""
+    with KVSaver(tmp_path / "s", max_size=1 << 20) as saver:
+        used = saver.store.info()["used_bytes"]  # type: ignore[attr-defined]
+        saver.store.max_size = used + used // 3  # type: ignore[attr-defined]
+        put(saver, "t", "1", {"a": [1]}, {"a": "1"}, {"a": "1"})
+        idle_of(saver).flush()
+        assert heads(saver) == {}
+        saver.store.max_size = 1 << 20  # type: ignore[attr-defined]
+        put(saver, "t", "2", {"a": [1, 2]}, {"a": "2"}, {"a": "2"}, "1")
+    assert list(heads_of(tmp_path / "s")) == [("t", "")]
+
+
+def test_a_thread_that_cannot_start_fails_no_put(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At the process's thread limit: the put stands, close() writes the head."""
+    import threading
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    with KVSaver(tmp_path / "s") as saver:
+        monkeypatch.setattr(threading.Thread, "start", refuse)
+        put(saver, "t", "1", {"a": [1]}, {"a": "1"}, {"a": "1"})
+        put(saver, "t", "2", {"a": [1, 2]}, {"a": "2"}, {"a": "2"}, "1")
+        monkeypatch.undo()
+        assert idle_of(saver)._thread is None
+        got = saver.get_tuple(config("t"))
+        assert got is not None and got.checkpoint["channel_values"] == {"a": [1, 2]}
+    assert list(heads_of(tmp_path / "s")) == [("t", "")]
+
+
+def test_a_with_allowlist_clone_writes_heads_when_the_original_is_gone(tmp_path: Path) -> None:
+    """LangGraph's strict msgpack mode keeps only the clone a compile makes."""
+    import gc
+
+    strict = JsonPlusSerializer(allowed_msgpack_modules=None)  # LANGGRAPH_STRICT_MSGPACK
+    saver = KVSaver(tmp_path / "s", serde=strict)
+    clone = saver.with_allowlist([("my.module", "Thing")])
+    assert clone is not saver
+    del saver
+    gc.collect()
+    idle_of(clone).delay = 3600
+    put(clone, "t", "1", {"a": [1]}, {"a": "1"}, {"a": "1"})
+    idle_of(clone).flush()
+    assert list(heads(clone)) == [("t", "")]
+    clone.close()
 
 
 def test_an_older_put_rewriting_a_held_version_drops_the_head(tmp_path: Path) -> None:
