@@ -33,7 +33,34 @@ MYPY_LOG="$TREE/mypy.log"
 MYPY_PID=$!
 
 PYTEST_RC=0
-"$VENV/bin/python" -m pytest -q "$@" || PYTEST_RC=$?
+if [ "$#" -gt 0 ]; then
+    "$VENV/bin/python" -m pytest -q "$@" || PYTEST_RC=$?
+else
+    # The whole suite as two pytest runs side by side, each keeping about one
+    # of two cores busy: the files that run other processes (kill -9, crash,
+    # several processes on one store, the PostgreSQL server's) in the
+    # background, the rest here; the background run's output follows.
+    # Each has its own temporary directories (and PostgreSQL cluster).
+    PROCS=(tests/test_crash.py tests/test_saver_differential.py
+        tests/test_lmdb_reliability.py tests/test_lmdb_processes.py
+        tests/test_postgres.py tests/test_processes.py tests/test_saver_restart.py)
+    REST=()
+    for f in tests/test_*.py; do
+        case " ${PROCS[*]} " in *" $f "*) ;; *) REST+=("$f") ;; esac
+    done
+    PROCS_LOG="$TREE/procs.log"
+    "$VENV/bin/python" -m pytest -q "${PROCS[@]}" > "$PROCS_LOG" 2>&1 &
+    PROCS_PID=$!
+    "$VENV/bin/python" -m pytest -q "${REST[@]}" || PYTEST_RC=$?
+    PROCS_RC=0
+    wait "$PROCS_PID" || PROCS_RC=$?
+    echo "== ${PROCS[*]}"
+    cat "$PROCS_LOG"
+    if [ "$PROCS_RC" -ne 0 ]; then
+        echo "pytest of ${PROCS[*]} failed (exit $PROCS_RC)"
+        PYTEST_RC=$PROCS_RC
+    fi
+fi
 MYPY_RC=0
 wait "$MYPY_PID" || MYPY_RC=$?
 cat "$MYPY_LOG"
