@@ -23,17 +23,25 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from _workloads import KV_LMDB, SQLITE, ThreadGen, close_saver, task_id, writes_for
+from _workloads import (
+    KV_BLOBS,
+    KV_LMDB,
+    KV_WHOLE,
+    SQLITE,
+    ThreadGen,
+    close_saver,
+    make_saver,
+    task_id,
+    writes_for,
+)
 
 HOT_THREADS = 100
 HOT_DEPTH = 3  # checkpoints per thread written before the window opens
 
 
 def _open(name: str, workdir: str, readonly: bool) -> Any:
-    if name == KV_LMDB:
-        from kvsaver import KVSaver
-
-        return KVSaver(os.path.join(workdir, "kv"), readonly=readonly)
+    if name in (KV_LMDB, KV_WHOLE, KV_BLOBS):  # the defaults, whole_latest=True / False
+        return make_saver(name, workdir, readonly=readonly)
     if name == SQLITE:
         from langgraph.checkpoint.sqlite import SqliteSaver
 

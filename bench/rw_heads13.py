@@ -35,22 +35,6 @@ import _concurrency as K
 from _workloads import KV_BLOBS, KV_LMDB, KV_WHOLE, SQLITE, rotated
 
 ROWS = [KV_LMDB, KV_WHOLE, KV_BLOBS, SQLITE]
-_OPTIONS = {KV_WHOLE: {"whole_latest": True}, KV_BLOBS: {"whole_latest": False}}
-_open = K._open
-
-
-def _open_row(name: str, workdir: str, readonly: bool) -> Any:
-    """``_concurrency._open`` for the rows above (set at import, so the
-    spawned processes, which import this module as ``__mp_main__``, have it
-    too)."""
-    if name in _OPTIONS:
-        from kvsaver import KVSaver
-
-        return KVSaver(os.path.join(workdir, "kv"), readonly=readonly, **_OPTIONS[name])
-    return _open(name, workdir, readonly)
-
-
-K._open = _open_row
 
 
 def main() -> None:

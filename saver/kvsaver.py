@@ -842,9 +842,9 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # whole_latest: this checkpoint whole in a head record (issue #13,
         # ``heads``), made in the transaction from this put's bytes and the
         # previous head's.
-        heads = self._reader_tuple()[5]
-        idle = self._idle if heads else None
-        heads = heads and self._whole_latest is True
+        readable = self._reader_tuple()[5]  # heads possible for this serializer and store
+        heads = readable and self._whole_latest is True
+        idle = self._idle if readable else None
         blobs = codec.prepare(thread, ns, new_versions, values, dumps, parent_id, heads)
         # A small record: zstd with a dictionary (issue #15).
         cp_plain: bytes | Literal[False] = False
@@ -931,46 +931,14 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             if any(H.version_key(ch, v) in held for ch, (v, _) in mine.items()):
                 txn.delete(hkey)
             return
-        thread, ns = rec.thread_id, rec.checkpoint_ns
-
-        def stored(ch: str, v: Any) -> bytes | Literal[False] | None:
-            key = S.blob_key(thread, ns, ch, v)
-            return codec.head_value(txn, key, txn.get(key))
-
-        md_plain = H.plain_of(*rec.metadata)
-        head = None
-        sizes = self._head_sizes.pop((thread, ns), {})
-        if cp_plain is not False and md_plain is not False:
-            try:
-                head = H.build(
-                    record,
-                    rec.checkpoint_id,
-                    rec.parent_id,
-                    cp_plain,
-                    md_plain,
-                    versions,
-                    mine,
-                    previous,
-                    parsed,
-                    stored,
-                    sizes,
-                )
-            except CorruptStoreError:
-                pass  # a damaged blob: no head (a read of it says so)
-            except KVError:
-                raise  # the store's own trouble (full, closed...): the put's
-            except (ValueError, TypeError, LookupError, OverflowError):
-                pass  # a stored value it cannot read (a foreign blob, a damaged frame)
+        head = _build_head(
+            txn, codec, rec, record, cp_plain, versions, mine, previous, parsed, self._head_sizes
+        )
         if head is not None:
             txn.put(hkey, head)
-            self._remember_head(thread, ns, rec.checkpoint_id)
-            return
-        if previous is not None:
+            self._remember_head(rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id)
+        elif previous is not None:
             txn.delete(hkey)
-        if sizes:  # what it read, for the thread's next put: see heads.build
-            current = {H.version_key(ch, v) for ch, v in versions.items()}
-            kept = {key: n for key, n in sizes.items() if key in current}
-            _bounded_put(self._head_sizes, (thread, ns), kept)
 
     def put_writes(
         self,
@@ -1590,40 +1558,75 @@ class _IdleHeads:
         codec = D.codec(self.serde)
         rec = S.decode_checkpoint(raw)
         cp_plain = H.plain_of(*codec.unwrap(*rec.checkpoint))
-        md_plain = H.plain_of(*rec.metadata)
-        if cp_plain is False or md_plain is False:
-            return None
-        versions = H.versions_of(cp_plain)  # no value decoded: no stored code runs
-        if versions is None:
+        versions = H.versions_of(cp_plain) if cp_plain is not False else None
+        if versions is None:  # (read without decoding a value: no stored code runs)
             return None
         blobs: dict[bytes, bytes | None] = {}
-
-        def stored(ch: str, v: Any) -> bytes | Literal[False] | None:
-            key = S.blob_key(thread, ns, ch, v)
-            got = blobs[key] = txn.get(key)
-            return codec.head_value(txn, key, got)
-
-        # What a put or an earlier try found too large (a long chat's list) is
-        # not read from its blobs again (``heads.build``'s ``sizes``).
-        sizes = self.head_sizes.pop((thread, ns), {})
-        head = H.build(
-            raw,
-            rec.checkpoint_id,
-            rec.parent_id,
-            cp_plain,
-            md_plain,
-            versions,
-            {},
-            None,
-            None,
-            stored,
-            sizes,
+        head = _build_head(
+            txn, codec, rec, raw, cp_plain, versions, {}, None, None, self.head_sizes, blobs
         )
         if head is None:
-            if sizes:
-                _bounded_put(self.head_sizes, (thread, ns), sizes)
             return None
         return thread, ns, hkey, seen, raw, blobs, head, rec.checkpoint_id
+
+
+def _build_head(
+    txn: Any,
+    codec: D.Codec,
+    rec: S.CheckpointRecord,
+    record: bytes,
+    cp_plain: bytes | Literal[False],
+    versions: Mapping[str, Any],
+    mine: Mapping[str, tuple[Any, bytes | Literal[False] | None]],
+    previous: bytes | None,
+    parsed: Any,
+    hints: dict[tuple[str, str], dict[tuple[str, type, Any], int]],
+    blobs: dict[bytes, bytes | None] | None = None,
+) -> bytes | None:
+    """``heads.build`` for the checkpoint ``rec`` (stored as ``record``):
+    the values neither ``mine`` nor ``previous`` holds are read from their
+    blobs (their raw bytes noted in ``blobs`` when given). ``hints``: the
+    saver's sizes of values found too large, per (thread, ns), taken for
+    this build and kept for the next when it makes no head. None when the
+    checkpoint can have none (a value a head cannot hold, a damaged or
+    foreign blob: a read of it says so); the store's own errors raise."""
+    thread, ns = rec.thread_id, rec.checkpoint_ns
+
+    def stored(ch: str, v: Any) -> bytes | Literal[False] | None:
+        key = S.blob_key(thread, ns, ch, v)
+        raw = txn.get(key)
+        if blobs is not None:
+            blobs[key] = raw
+        return codec.head_value(txn, key, raw)
+
+    md_plain = H.plain_of(*rec.metadata)
+    head = None
+    sizes = hints.pop((thread, ns), {})
+    if cp_plain is not False and md_plain is not False:
+        try:
+            head = H.build(
+                record,
+                rec.checkpoint_id,
+                rec.parent_id,
+                cp_plain,
+                md_plain,
+                versions,
+                mine,
+                previous,
+                parsed,
+                stored,
+                sizes,
+            )
+        except CorruptStoreError:
+            pass  # a damaged blob
+        except KVError:
+            raise  # the store's own trouble (full, closed...)
+        except (ValueError, TypeError, LookupError, OverflowError):
+            pass  # a stored value it cannot read (a foreign blob, a damaged frame)
+    if head is None and sizes:  # what it read, for the next try: see heads.build
+        current = {H.version_key(ch, v) for ch, v in versions.items()}
+        _bounded_put(hints, (thread, ns), {k: n for k, n in sizes.items() if k in current})
+    return head
 
 
 # -- list helpers ---------------------------------------------------------------
