@@ -91,6 +91,7 @@ from typing import Any, Literal, TypeVar
 import lmdb
 
 from ._fs import fsync_dir
+from .hints import HINTS_FILE, Hints
 from .store import (
     CorruptStoreError,
     KeyTooLongError,
@@ -1212,6 +1213,9 @@ class LMDBStore:
             env.refs += 1
         self._env = env
         self._finalizer = weakref.finalize(self, _release, key, env)
+        # Advice between the processes of this store (kv/hints.py): which
+        # threads' readers want their heads written by the puts.
+        self.hints = Hints(self.path)
 
     def _check_open(self) -> _Env:
         if self._closed:
@@ -1508,6 +1512,7 @@ class LMDBStore:
         if self._closed:
             return
         self._closed = True
+        self.hints.close()
         self._finalizer()
 
     def __enter__(self) -> LMDBStore:
@@ -1722,7 +1727,7 @@ def _check_dir(path: str, readonly: bool) -> None:
     if os.path.isdir(path):
         # Lock files alone are a store being created by another process this
         # moment (LMDB makes lock.mdb, then data.mdb), or an open that failed.
-        entries = set(os.listdir(path)) - {LOCK_FILE, "lock.mdb"}
+        entries = set(os.listdir(path)) - {LOCK_FILE, HINTS_FILE, "lock.mdb"}
         if entries and "data.mdb" not in entries:
             raise CorruptStoreError(
                 f"{path} is a non-empty directory without data.mdb: not an LMDB store "

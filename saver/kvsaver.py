@@ -79,6 +79,10 @@ _LIST_CHUNK = 32
 _ASYNC_THREADS = 32
 # whole_latest="idle": a thread's head is written once no put came for this long
 IDLE_SECONDS = 1.0
+# ... and by each put while a reader elsewhere wants it: marked (kv/hints.py)
+# within this many seconds; a reader marks a thread at most every MARK_SECONDS.
+WANTED_SECONDS = 10
+MARK_SECONDS = 2.0
 _ASYNC_THREAD_NAME = "kvsaver-async"
 
 
@@ -208,7 +212,11 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             for it for a second (``IDLE_SECONDS``), and by ``close()`` for
             those still waiting: a running graph pays nothing per superstep,
             and a thread read after it went quiet (the next ``invoke``,
-            ``get_state`` polling, other processes) reads its head. ``True``:
+            ``get_state`` polling, other processes) reads its head; on
+            LMDB, a thread another process reads while this one writes it
+            (it finds no head: the put came less than a second ago) has its
+            head written by every put for ``WANTED_SECONDS`` after such a
+            read (the reader's mark: ``kv.hints``). ``True``:
             every ``put`` rewrites the head in its own transaction (reads
             right after a put are fast too, for a copy of the state in every
             put: about a tenth more graph overhead at full durability).
@@ -277,6 +285,14 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # whole_latest="idle": the heads of (thread, ns) left alone for
         # ``IDLE_SECONDS``, written in a background thread (``_IdleHeads``)
         self._idle: IdleWork | None = None
+        # and the heads other processes' readers want (kv/hints.py), with the
+        # (thread, ns) this saver put lately (monotonic time): its own reads
+        # of them want nothing (its idle thread writes those heads), and the
+        # (thread, ns) it marked lately (ditto), so a reader marks each at
+        # most every MARK_SECONDS
+        self._hints: Any = None
+        self._my_puts: dict[tuple[str, str], float] = {}
+        self._marked: dict[tuple[str, str], float] = {}
         if cache_bytes is not None and (type(cache_bytes) is not int or cache_bytes < 0):
             raise ValueError(f"cache_bytes must be an int >= 0 or None, got {cache_bytes!r}")
         self._backend = _choose_backend(path_or_store, backend, readonly, given)
@@ -325,6 +341,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             # is still freed, and its thread ends.
             self._idle_heads = _IdleHeads(self.store, self.serde, self._head_ids, self._head_sizes)
             self._idle = IdleWork(IDLE_SECONDS, _IdleHeads.write, self._idle_heads)
+        if whole_latest == "idle" and not self._pipelined:
+            self._hints = getattr(self.store, "hints", None)
         try:
             self._check_schema()
         except BaseException:
@@ -622,6 +640,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             found = None
             if not checkpoint_id or self._head_ids.get((thread, ns)) == checkpoint_id:
                 found = self._head(txn, thread, ns, raw)
+                if found is None and not checkpoint_id and self._hints is not None:
+                    self._want_head(thread, ns)
             if found is not None:
                 cid, parent, metadata, checkpoint = found
                 return self._load_tuple(
@@ -843,8 +863,11 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # ``heads``), made in the transaction from this put's bytes and the
         # previous head's.
         readable = self._reader_tuple()[5]  # heads possible for this serializer and store
-        heads = readable and self._whole_latest is True
-        idle = self._idle if readable else None
+        # Without whole_latest a put still removes a head another saver made
+        # (it would go stale), so a local store always looks it up.
+        hkey = None if self._pipelined else S.head_key(thread, ns)
+        heads = readable and (self._whole_latest is True or self._wanted(thread, ns, hkey))
+        idle = self._idle if readable and not heads else None
         blobs = codec.prepare(thread, ns, new_versions, values, dumps, parent_id, heads)
         # A small record: zstd with a dictionary (issue #15).
         cp_plain: bytes | Literal[False] = False
@@ -867,9 +890,6 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         now = R.now_ms(self.clock)
 
         akey = S.activity_key(thread)
-        # Without whole_latest a put still removes a head another saver made
-        # (it would go stale), so a local store always looks it up.
-        hkey = None if self._pipelined else S.head_key(thread, ns)
         if heads:
             versions = cp.get("channel_versions") or {}
             mine = {p.channel: (new_versions[p.channel], p.head) for p in blobs}
@@ -906,6 +926,33 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             _remember_put(self._last_put, (thread, ns), checkpoint_id, cp.get("channel_versions"))
         self._sweeper.maybe_step(self)  # retention: a bounded step when one is due
         return _config(thread, ns, checkpoint_id)
+
+    def _wanted(self, thread: str, ns: str, hkey: bytes | None) -> bool:
+        """Whether this put writes the head of (thread, ns) because a reader
+        of another process wants it (``kv.hints``; whole_latest="idle"),
+        unless the store is within a quarter of its ``max_size`` (as the
+        idle heads). Notes the put for ``_want_head``."""
+        hints = self._hints
+        if hints is None or hkey is None:
+            return False
+        _bounded_put(self._my_puts, (thread, ns), time.monotonic())
+        return hints.recent(hkey, WANTED_SECONDS) and not _near_cap(self.store)
+
+    def _want_head(self, thread: str, ns: str) -> None:
+        """A read of the latest of (thread, ns) found no head: mark it wanted
+        (``kv.hints``), so that the puts of the process writing it write it,
+        unless this saver put it lately (its own idle thread writes that
+        head), or marked it within ``MARK_SECONDS``."""
+        if not self._reader_tuple()[5]:
+            return  # no heads read with this serializer
+        now = time.monotonic()
+        key = (thread, ns)
+        if now - self._my_puts.get(key, -1e9) < 2 * IDLE_SECONDS:
+            return
+        if now - self._marked.get(key, -1e9) < MARK_SECONDS:
+            return
+        _bounded_put(self._marked, key, now)
+        self._hints.mark(S.head_key(thread, ns))
 
     def _put_head(
         self,
@@ -1511,7 +1558,7 @@ class _IdleHeads:
         checkpoints. Whatever goes wrong leaves heads unwritten: they are only
         copies. Runs in ``IdleWork``'s thread, and in ``close()``."""
         try:
-            if self._near_cap():
+            if _near_cap(self.store):
                 return
             with self.store.read() as txn:
                 made = [m for key in keys if (m := self._make_or_none(txn, *key)) is not None]
@@ -1529,11 +1576,6 @@ class _IdleHeads:
                 _bounded_put(self.head_ids, (thread, ns), cid)
         except Exception:  # a closed or full store, another process's lock...: no heads
             return
-
-    def _near_cap(self) -> bool:
-        cap = getattr(self.store, "max_size", None)
-        info = getattr(self.store, "info", None)
-        return cap is not None and info is not None and info()["used_bytes"] > cap - cap // 4
 
     def _make_or_none(self, txn: Any, thread: str, ns: str) -> Any:
         try:
@@ -1568,6 +1610,14 @@ class _IdleHeads:
         if head is None:
             return None
         return thread, ns, hkey, seen, raw, blobs, head, rec.checkpoint_id
+
+
+def _near_cap(store: Store) -> bool:
+    """Whether ``store`` is within a quarter of its ``max_size`` (LMDB's
+    cap), whose room is for checkpoints, not heads."""
+    cap = getattr(store, "max_size", None)
+    info = getattr(store, "info", None)
+    return cap is not None and info is not None and info()["used_bytes"] > cap - cap // 4
 
 
 def _build_head(

@@ -1,0 +1,219 @@
+"""Issue #13: heads wanted by readers of other processes (kv/hints.py and
+KVSaver's use of it with whole_latest="idle").
+
+A reader that finds a thread's latest checkpoint without its head (the put
+came less than a second ago, before the writer's idle thread) marks it; the
+writer's next puts of that thread write the head in their transaction. The
+writer's own reads mark nothing; a hint is advice: a lost one costs speed,
+never data, and no hint ever fails a call.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import kvsaver.kv.hints as hints_mod
+import pytest
+from kvsaver import KVSaver
+from kvsaver import heads as H
+from kvsaver import kvsaver as K
+from kvsaver import schema as S
+from kvsaver import threads as TH
+from kvsaver.kv.hints import HINTS_FILE, SLOTS, Hints
+from saver_helpers import config, make_checkpoint, tuple_dict
+
+HOSTILE = ["t", "", "a\x00b", "emoji 🧵", "x" * 10_000]
+
+
+@pytest.fixture(autouse=True)
+def look_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table looks for a file not there yet at most once a second; these
+    tests mark and look within a millisecond."""
+    monkeypatch.setattr(hints_mod, "_LOOK_EVERY", 0.0)
+
+
+def put(saver: KVSaver, thread: str, n: int, ns: str = "") -> None:
+    """Checkpoint ``n`` of ``thread``: a growing list and a changing string."""
+    values = {"a": list(range(n)), "b": f"v{n}"}
+    versions = {"a": str(n), "b": str(n)}
+    parent = str(n - 1) if n > 1 else None
+    cp = make_checkpoint(str(n), values, versions)
+    saver.put(config(thread, ns, parent), cp, {"source": "loop", "step": n}, versions)
+
+
+def head_is_current(saver: KVSaver, thread: str, ns: str = "") -> bool:
+    with saver.store.read() as txn:
+        raw = TH.find_record(txn, thread, ns, None)
+        return raw is not None and H.payload(txn.get(S.head_key(thread, ns)), raw) is not None
+
+
+def writer(path: Path) -> KVSaver:
+    """A saver whose idle thread waits an hour: heads here come from puts."""
+    saver = KVSaver(path)
+    assert saver._idle is not None
+    saver._idle.delay = 3600
+    return saver
+
+
+# -- the table ------------------------------------------------------------------------
+
+
+def test_a_mark_is_seen_by_another_table_of_the_same_store(tmp_path: Path) -> None:
+    a, b = Hints(str(tmp_path)), Hints(str(tmp_path))
+    assert not (tmp_path / HINTS_FILE).exists()  # nobody marked: no file
+    assert not b.recent(b"k", 10)
+    a.mark(b"k")
+    assert (tmp_path / HINTS_FILE).stat().st_size == SLOTS * 4
+    assert b.recent(b"k", 10)
+    assert not b.recent(b"other key", 10)
+    a.close()
+    b.close()
+
+
+def test_a_mark_ages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    h = Hints(str(tmp_path))
+    now = 1_800_000_000
+    monkeypatch.setattr(hints_mod, "_now", lambda: now)
+    h.mark(b"k")
+    assert h.recent(b"k", 10)
+    now += 10
+    assert h.recent(b"k", 10)
+    now += 1
+    assert not h.recent(b"k", 10)
+    now = 5  # the wall clock set back past the mark: not recent either
+    assert not h.recent(b"k", 10)
+    h.close()
+
+
+def test_the_table_never_fails_a_caller(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    h = Hints(str(tmp_path))
+
+    def full(*a: Any) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(hints_mod.os, "pwrite", full)
+    h.mark(b"k")  # a full disk: the mark is dropped
+    monkeypatch.undo()
+    gone = Hints(str(tmp_path / "no such directory"))
+    gone.mark(b"k")  # a directory it cannot write: dropped
+    assert not gone.recent(b"k", 10)
+    h.mark(b"k")
+    assert h.recent(b"k", 10)
+    h.close()
+    h.mark(b"j")  # closed: nothing, no error
+    assert not h.recent(b"k", 10)
+    # a file cut short (by hand) is not mapped: reading it would be SIGBUS
+    os.truncate(tmp_path / HINTS_FILE, 100)
+    short = Hints(str(tmp_path))
+    assert not short.recent(b"k", 10)
+    short.close()
+
+
+# -- KVSaver --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("thread", HOSTILE)
+def test_a_reader_elsewhere_gets_heads_from_the_next_puts(tmp_path: Path, thread: str) -> None:
+    path = tmp_path / "s"
+    with writer(path) as w, KVSaver(path) as r:
+        put(w, thread, 1)
+        assert r.get_tuple(config(thread)) is not None  # no head: marks the thread
+        put(w, thread, 2)
+        assert head_is_current(w, thread)
+        got = r.get_tuple(config(thread))
+        with KVSaver(path, whole_latest=False) as plain:  # the same tuple from the blobs
+            assert tuple_dict(got) == tuple_dict(plain.get_tuple(config(thread)))
+        assert got is not None and got.checkpoint["channel_values"] == {"a": [0, 1], "b": "v2"}
+        put(w, thread, 3)  # and the puts after it, while the mark is recent
+        assert head_is_current(w, thread)
+        put(w, "another thread", 1)  # not the threads nobody marked
+        assert not head_is_current(w, "another thread")
+
+
+def test_a_reader_in_another_process(tmp_path: Path) -> None:
+    """The issue's setting: a read-only reader process, a writer process."""
+    path = tmp_path / "s"
+    with writer(path) as w:
+        put(w, "t", 1)
+        code = textwrap.dedent(
+            f"""
+            from kvsaver import KVSaver
+            with KVSaver({str(path)!r}, readonly=True) as r:
+                got = r.get_tuple({{"configurable": {{"thread_id": "t", "checkpoint_ns": ""}}}})
+                assert got.checkpoint["channel_values"]["b"] == "v1"
+            """
+        )
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+        put(w, "t", 2)
+        assert head_is_current(w, "t")
+
+
+def test_the_writers_own_reads_want_no_heads(tmp_path: Path) -> None:
+    """A graph reads its thread at each invoke: its puts stay without heads
+    (its idle thread writes them once the thread is left alone)."""
+    path = tmp_path / "s"
+    with writer(path) as w:
+        for n in range(1, 4):
+            put(w, "t", n)
+            assert w.get_tuple(config("t")) is not None
+        assert not head_is_current(w, "t")
+        assert not (path / HINTS_FILE).exists()
+
+
+@pytest.mark.parametrize("side", ["writer", "reader"])
+def test_whole_latest_false_neither_marks_nor_writes(tmp_path: Path, side: str) -> None:
+    path = tmp_path / "s"
+    w = KVSaver(path, whole_latest=False) if side == "writer" else writer(path)
+    r = KVSaver(path, whole_latest=False if side == "reader" else "idle")
+    with w, r:
+        put(w, "t", 1)
+        r.get_tuple(config("t"))
+        put(w, "t", 2)
+        assert not head_is_current(w, "t")
+
+
+def test_an_old_mark_is_let_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "s"
+    now = 1_800_000_000
+    monkeypatch.setattr(hints_mod, "_now", lambda: now)
+    with writer(path) as w, KVSaver(path) as r:
+        put(w, "t", 1)
+        r.get_tuple(config("t"))
+        now += K.WANTED_SECONDS + 1
+        put(w, "t", 2)
+        assert not head_is_current(w, "t")
+
+
+def test_no_wanted_heads_near_the_cap(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    with KVSaver(path, max_size=1 << 20) as w, KVSaver(path) as r:
+        assert w._idle is not None
+        w._idle.delay = 3600
+        put(w, "t", 1)
+        r.get_tuple(config("t"))
+        used = w.store.info()["used_bytes"]  # type: ignore[attr-defined]
+        w.store.max_size = used + used // 4  # type: ignore[attr-defined]
+        put(w, "t", 2)
+        assert not head_is_current(w, "t")
+        w.store.max_size = 1 << 20  # type: ignore[attr-defined]
+        put(w, "t", 3)
+        assert head_is_current(w, "t")
+
+
+def test_a_reader_marks_a_thread_at_most_every_few_seconds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "s"
+    marks: list[bytes] = []
+    with writer(path) as w, KVSaver(path) as r:
+        put(w, "t", 1)
+        monkeypatch.setattr(r.store.hints, "mark", marks.append)  # type: ignore[attr-defined]
+        for _ in range(5):
+            r.get_tuple(config("t"))
+        assert marks == [S.head_key("t", "")]
