@@ -22,8 +22,9 @@ never data. So the table is as cheap as can be and never fails a caller:
   a ``SIGBUS`` that kills the process;
 * ``recent`` reads through a read-only mapping (no system call: it runs in
   every put, and a call that releases the GIL hands it to another thread),
-  made once the file exists with its full size (looked for at most once a
-  second before that). Reading a mapped page never allocates.
+  made once the file exists with its full size (looked for at most every
+  ``_LOOK_EVERY`` seconds before that). Reading a mapped page never
+  allocates.
 
 The file is never shrunk by this code; one truncated by hand is mapped
 again only after it is put back to its size (``recent`` checks the size
@@ -46,7 +47,7 @@ HINTS_FILE = "kvsaver.hints"
 SLOTS = 4096
 _SLOT = struct.Struct("<I")
 _SIZE = SLOTS * _SLOT.size
-_LOOK_EVERY = 1.0  # seconds between looks for a file not there yet
+_LOOK_EVERY = 0.1  # seconds between looks for a file not there yet (an open that fails: ~2 µs)
 
 
 def _slot(key: bytes) -> int:
@@ -71,7 +72,7 @@ class Hints:
         self.path = os.path.join(path, HINTS_FILE)
         self._fd: int | None = None  # for mark's writes
         self._map: mmap.mmap | None = None  # for recent's reads
-        self._looked = -_LOOK_EVERY  # monotonic time of the last look for the file
+        self._looked = -1e9  # monotonic time of the last look for the file
         # Opening, closing, and a mark's write; never taken by ``recent``.
         self._lock = threading.Lock()
         self._closed = False

@@ -33,7 +33,7 @@ HOSTILE = ["t", "", "a\x00b", "emoji 🧵", "x" * 10_000]
 
 @pytest.fixture(autouse=True)
 def look_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A table looks for a file not there yet at most once a second; these
+    """A table looks for a file not there yet at most every 0.1 s; these
     tests mark and look within a millisecond."""
     monkeypatch.setattr(hints_mod, "_LOOK_EVERY", 0.0)
 
