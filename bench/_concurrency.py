@@ -6,7 +6,11 @@ fixed window. The writer keeps 100 threads going (round robin, one ``put`` of
 random one of those threads. Throughput = operations / window, per role.
 Processes are spawned (fresh interpreters), open the store themselves
 (readers: ``KVSaver(path, readonly=True)``; SqliteSaver: their own
-connection), and start together at a barrier.
+connection), and start together at a barrier; the first ``WARMUP`` seconds
+after it are not counted (as every benchmark here discards warm-up rounds:
+a KVSaver reader's first reads of the writer's threads find no head and
+mark them wanted, kv/hints.py, and the writer's puts of the next third of a
+second write them; ``BENCH_WARMUP=0`` counts that too).
 
 threaded_put_writes(): T Python threads sharing one saver object, each writing
 ``put_writes`` (3 writes) to its own thread id; the inputs are made ahead by
@@ -20,6 +24,7 @@ import os
 import random
 import sqlite3
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -37,6 +42,30 @@ from _workloads import (
 
 HOT_THREADS = 100
 HOT_DEPTH = 3  # checkpoints per thread written before the window opens
+# Seconds every process runs before its counted window (the environment's
+# BENCH_WARMUP, read by the spawned processes too).
+WARMUP = float(os.environ.get("BENCH_WARMUP", "1.0"))
+
+
+def _run_window(step: Callable[[int], bool], window: float, limit: int) -> tuple[int, int, float]:
+    """``step(i)`` (True: done, False: failed) for ``WARMUP`` seconds, not
+    counted, then for ``window`` seconds, at most ``limit`` steps in all:
+    (done, failed, seconds) of the counted ones."""
+    i = 0
+    warm_until = time.perf_counter() + WARMUP
+    while time.perf_counter() < warm_until and i < limit:
+        step(i)
+        i += 1
+    done = failed = 0
+    t0 = time.perf_counter()
+    deadline = t0 + window
+    while time.perf_counter() < deadline and i < limit:
+        if step(i):
+            done += 1
+        else:
+            failed += 1
+        i += 1
+    return done, failed, time.perf_counter() - t0
 
 
 def _open(name: str, workdir: str, readonly: bool) -> Any:
@@ -58,20 +87,19 @@ def _writer(name: str, workdir: str, ready: Any, barrier: Any, window: float, ou
             a = g.next()
             saver.put(a.config, a.checkpoint, a.metadata, a.new_versions)
     # Generate the window's put arguments ahead, so the window times the saver.
-    pending = [g.next() for _ in range(30) for g in gens]
-    ready.set()
-    barrier.wait()
-    n = errors = 0
-    t0 = time.perf_counter()
-    deadline = t0 + window
-    while time.perf_counter() < deadline and n < len(pending):
-        a = pending[n]
+    pending = [g.next() for _ in range(45) for g in gens]  # ~900 puts/s at most here
+
+    def step(i: int) -> bool:
+        a = pending[i]
         try:
             saver.put(a.config, a.checkpoint, a.metadata, a.new_versions)
         except Exception:  # e.g. "database is locked": counted, not fatal
-            errors += 1
-        n += 1
-    out.put(("writer", n - errors, errors, time.perf_counter() - t0))
+            return False
+        return True
+
+    ready.set()
+    barrier.wait()
+    out.put(("writer", *_run_window(step, window, len(pending))))
     close_saver(saver)
 
 
@@ -86,18 +114,15 @@ def _reader(
         for i in range(HOT_THREADS)
     ]
     saver.get_tuple(configs[0])  # first use (SqliteSaver runs its setup here)
-    barrier.wait()
-    n = errors = 0
-    t0 = time.perf_counter()
-    deadline = t0 + window
-    while time.perf_counter() < deadline:
+
+    def step(i: int) -> bool:
         try:
-            if saver.get_tuple(rnd.choice(configs)) is None:
-                errors += 1
+            return saver.get_tuple(rnd.choice(configs)) is not None
         except Exception:
-            errors += 1
-        n += 1
-    out.put(("reader", n - errors, errors, time.perf_counter() - t0))
+            return False
+
+    barrier.wait()
+    out.put(("reader", *_run_window(step, window, 1 << 62)))
     close_saver(saver)
 
 
@@ -130,6 +155,7 @@ def readers_writer(name: str, workdir: str, readers: int = 3, window: float = 3.
     return {
         "readers": readers,
         "window_s": window,
+        "warmup_s": WARMUP,
         "writes_per_s": w[1] / w[3],
         "writer_errors": w[2],
         "reads_per_s": sum(r[1] / r[3] for r in rs),

@@ -80,9 +80,11 @@ _ASYNC_THREADS = 32
 # whole_latest="idle": a thread's head is written once no put came for this long
 IDLE_SECONDS = 1.0
 # ... and by each put while a reader elsewhere wants it: marked (kv/hints.py)
-# within this many seconds; a reader marks a thread at most every MARK_SECONDS.
+# within this many seconds; a reader marks a thread when it found it without
+# its head WANT_AFTER times within MARK_SECONDS (once per such window).
 WANTED_SECONDS = 10
 MARK_SECONDS = 2.0
+WANT_AFTER = 4
 _ASYNC_THREAD_NAME = "kvsaver-async"
 
 
@@ -214,9 +216,9 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             and a thread read after it went quiet (the next ``invoke``,
             ``get_state`` polling, other processes) reads its head; on
             LMDB, a thread another process reads while this one writes it
-            (it finds no head: the put came less than a second ago) has its
-            head written by every put for ``WANTED_SECONDS`` after such a
-            read (the reader's mark: ``kv.hints``). ``True``:
+            (finding no head: the put came less than a second ago) several
+            times a second has its head written by every put for
+            ``WANTED_SECONDS`` after (the reader's mark: ``kv.hints``). ``True``:
             every ``put`` rewrites the head in its own transaction (reads
             right after a put are fast too, for a copy of the state in every
             put: about a tenth more graph overhead at full durability).
@@ -288,11 +290,11 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # and the heads other processes' readers want (kv/hints.py), with the
         # (thread, ns) this saver put lately (monotonic time): its own reads
         # of them want nothing (its idle thread writes those heads), and the
-        # (thread, ns) it marked lately (ditto), so a reader marks each at
-        # most every MARK_SECONDS
+        # reads here that found no head: (thread, ns) -> (monotonic time of
+        # the first of its window, how many)
         self._hints: Any = None
         self._my_puts: dict[tuple[str, str], float] = {}
-        self._marked: dict[tuple[str, str], float] = {}
+        self._misses: dict[tuple[str, str], tuple[float, int]] = {}
         if cache_bytes is not None and (type(cache_bytes) is not int or cache_bytes < 0):
             raise ValueError(f"cache_bytes must be an int >= 0 or None, got {cache_bytes!r}")
         self._backend = _choose_backend(path_or_store, backend, readonly, given)
@@ -939,20 +941,24 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         return hints.recent(hkey, WANTED_SECONDS) and not _near_cap(self.store)
 
     def _want_head(self, thread: str, ns: str) -> None:
-        """A read of the latest of (thread, ns) found no head: mark it wanted
-        (``kv.hints``), so that the puts of the process writing it write it,
-        unless this saver put it lately (its own idle thread writes that
-        head), or marked it within ``MARK_SECONDS``."""
+        """A read of the latest of (thread, ns) found no head: the
+        ``WANT_AFTER``-th such read within ``MARK_SECONDS`` marks it wanted
+        (``kv.hints``), so that the puts of the process writing it write its
+        head: a thread read far more often than it is written (a head costs
+        its writer about a tenth more per put), not one polled now and then.
+        Not one this saver put lately: its own idle thread writes that head."""
         if not self._reader_tuple()[5]:
             return  # no heads read with this serializer
         now = time.monotonic()
         key = (thread, ns)
         if now - self._my_puts.get(key, -1e9) < 2 * IDLE_SECONDS:
             return
-        if now - self._marked.get(key, -1e9) < MARK_SECONDS:
-            return
-        _bounded_put(self._marked, key, now)
-        self._hints.mark(S.head_key(thread, ns))
+        first, n = self._misses.get(key, (now, 0))
+        if now - first > MARK_SECONDS:
+            first, n = now, 0
+        _bounded_put(self._misses, key, (first, n + 1))
+        if n + 1 == WANT_AFTER:
+            self._hints.mark(S.head_key(thread, ns))
 
     def _put_head(
         self,

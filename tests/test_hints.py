@@ -53,6 +53,12 @@ def head_is_current(saver: KVSaver, thread: str, ns: str = "") -> bool:
         return raw is not None and H.payload(txn.get(S.head_key(thread, ns)), raw) is not None
 
 
+def read_often(saver: KVSaver, thread: str) -> None:
+    """Reads of the latest, enough to mark a thread found without its head."""
+    for _ in range(K.WANT_AFTER):
+        assert saver.get_tuple(config(thread)) is not None
+
+
 def writer(path: Path) -> KVSaver:
     """A saver whose idle thread waits an hour: heads here come from puts."""
     saver = KVSaver(path)
@@ -123,7 +129,7 @@ def test_a_reader_elsewhere_gets_heads_from_the_next_puts(tmp_path: Path, thread
     path = tmp_path / "s"
     with writer(path) as w, KVSaver(path) as r:
         put(w, thread, 1)
-        assert r.get_tuple(config(thread)) is not None  # no head: marks the thread
+        read_often(r, thread)  # no head: marks the thread
         put(w, thread, 2)
         assert head_is_current(w, thread)
         got = r.get_tuple(config(thread))
@@ -145,8 +151,9 @@ def test_a_reader_in_another_process(tmp_path: Path) -> None:
             f"""
             from kvsaver import KVSaver
             with KVSaver({str(path)!r}, readonly=True) as r:
-                got = r.get_tuple({{"configurable": {{"thread_id": "t", "checkpoint_ns": ""}}}})
-                assert got.checkpoint["channel_values"]["b"] == "v1"
+                for _ in range({K.WANT_AFTER}):
+                    got = r.get_tuple({{"configurable": {{"thread_id": "t", "checkpoint_ns": ""}}}})
+                    assert got.checkpoint["channel_values"]["b"] == "v1"
             """
         )
         subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
@@ -161,7 +168,7 @@ def test_the_writers_own_reads_want_no_heads(tmp_path: Path) -> None:
     with writer(path) as w:
         for n in range(1, 4):
             put(w, "t", n)
-            assert w.get_tuple(config("t")) is not None
+            read_often(w, "t")
         assert not head_is_current(w, "t")
         assert not (path / HINTS_FILE).exists()
 
@@ -173,7 +180,7 @@ def test_whole_latest_false_neither_marks_nor_writes(tmp_path: Path, side: str) 
     r = KVSaver(path, whole_latest=False if side == "reader" else "idle")
     with w, r:
         put(w, "t", 1)
-        r.get_tuple(config("t"))
+        read_often(r, "t")
         put(w, "t", 2)
         assert not head_is_current(w, "t")
 
@@ -184,7 +191,7 @@ def test_an_old_mark_is_let_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(hints_mod, "_now", lambda: now)
     with writer(path) as w, KVSaver(path) as r:
         put(w, "t", 1)
-        r.get_tuple(config("t"))
+        read_often(r, "t")
         now += K.WANTED_SECONDS + 1
         put(w, "t", 2)
         assert not head_is_current(w, "t")
@@ -196,7 +203,7 @@ def test_no_wanted_heads_near_the_cap(tmp_path: Path) -> None:
         assert w._idle is not None
         w._idle.delay = 3600
         put(w, "t", 1)
-        r.get_tuple(config("t"))
+        read_often(r, "t")
         used = w.store.info()["used_bytes"]  # type: ignore[attr-defined]
         w.store.max_size = used + used // 4  # type: ignore[attr-defined]
         put(w, "t", 2)
@@ -206,14 +213,30 @@ def test_no_wanted_heads_near_the_cap(tmp_path: Path) -> None:
         assert head_is_current(w, "t")
 
 
-def test_a_reader_marks_a_thread_at_most_every_few_seconds(
+def test_only_a_thread_read_often_is_marked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """WANT_AFTER reads without a head within MARK_SECONDS mark it, once;
+    fewer (a poller) do not: a head costs the writer."""
     path = tmp_path / "s"
     marks: list[bytes] = []
+    clock = [1000.0]
+    monkeypatch.setattr(K.time, "monotonic", lambda: clock[0])
     with writer(path) as w, KVSaver(path) as r:
         put(w, "t", 1)
+        clock[0] += 10  # w's put is not recent for r's reads (another saver anyway)
         monkeypatch.setattr(r.store.hints, "mark", marks.append)  # type: ignore[attr-defined]
-        for _ in range(5):
+        for _ in range(K.WANT_AFTER - 1):  # polled: each read a window apart
+            r.get_tuple(config("t"))
+            clock[0] += K.MARK_SECONDS + 0.1
+        assert marks == []
+        for _ in range(K.WANT_AFTER - 1):  # the poller's reads are not counted now
+            r.get_tuple(config("t"))
+        assert marks == []
+        for _ in range(2 * K.WANT_AFTER):  # read often: one mark per window
             r.get_tuple(config("t"))
         assert marks == [S.head_key("t", "")]
+        clock[0] += K.MARK_SECONDS + 0.1  # and again in the next window
+        for _ in range(K.WANT_AFTER):
+            r.get_tuple(config("t"))
+        assert marks == [S.head_key("t", "")] * 2
