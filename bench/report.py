@@ -269,8 +269,9 @@ def floors_section(groups: dict) -> list[str]:
             "after serializing its operation, as a saver must (`serialize+fresh`, "
             "`serialize+zeroed`): on this VM a durable commit that follows CPU work takes "
             "longer than one that follows the last commit (300 µs of spinning before each "
-            "raw commit of a put made it ~1.3x as long, 2026-12-02), so the sum of the "
-            "separately timed parts is a floor no saver reaches.",
+            "raw commit of a put made it 1.07x-1.30x as long in four runs on 2026-12-02, "
+            "`python bench/commit_after_cpu13.py`), so the sum of the separately timed "
+            "parts is below what a saver can reach.",
             "",
             *table(
                 [
