@@ -85,6 +85,7 @@ IDLE_SECONDS = 1.0
 WANTED_SECONDS = 10
 MARK_SECONDS = 2.0
 WANT_AFTER = 4
+_monotonic = time.monotonic  # the clock of those windows (tests replace it)
 _ASYNC_THREAD_NAME = "kvsaver-async"
 
 
@@ -216,9 +217,11 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             and a thread read after it went quiet (the next ``invoke``,
             ``get_state`` polling, other processes) reads its head; on
             LMDB, a thread another process reads while this one writes it
-            (finding no head: the put came less than a second ago) several
-            times a second has its head written by every put for
-            ``WANTED_SECONDS`` after (the reader's mark: ``kv.hints``). ``True``:
+            (finding no head: the put came less than a second ago)
+            ``WANT_AFTER`` times within ``MARK_SECONDS`` has its head written
+            by every put for ``WANTED_SECONDS`` after (the reader's mark,
+            ``kv.hints``; so does another saver object of this process;
+            none within a quarter of ``max_size``). ``True``:
             every ``put`` rewrites the head in its own transaction (reads
             right after a put are fast too, for a copy of the state in every
             put: about a tenth more graph overhead at full durability).
@@ -937,19 +940,20 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         hints = self._hints
         if hints is None or hkey is None:
             return False
-        _bounded_put(self._my_puts, (thread, ns), time.monotonic())
+        _bounded_put(self._my_puts, (thread, ns), _monotonic())
         return hints.recent(hkey, WANTED_SECONDS) and not _near_cap(self.store)
 
     def _want_head(self, thread: str, ns: str) -> None:
         """A read of the latest of (thread, ns) found no head: the
         ``WANT_AFTER``-th such read within ``MARK_SECONDS`` marks it wanted
         (``kv.hints``), so that the puts of the process writing it write its
-        head: a thread read far more often than it is written (a head costs
-        its writer about a tenth more per put), not one polled now and then.
+        head: a thread read far more often than it is written (heads cost
+        the writer: up to a quarter of its puts/s, bench/rw_heads13.py), not
+        one polled now and then.
         Not one this saver put lately: its own idle thread writes that head."""
         if not self._reader_tuple()[5]:
             return  # no heads read with this serializer
-        now = time.monotonic()
+        now = _monotonic()
         key = (thread, ns)
         if now - self._my_puts.get(key, -1e9) < 2 * IDLE_SECONDS:
             return
@@ -1620,10 +1624,16 @@ class _IdleHeads:
 
 def _near_cap(store: Store) -> bool:
     """Whether ``store`` is within a quarter of its ``max_size`` (LMDB's
-    cap), whose room is for checkpoints, not heads."""
+    cap), whose room is for checkpoints, not heads; True when it cannot
+    tell (a head is only a copy: none is better than a failed put)."""
     cap = getattr(store, "max_size", None)
-    info = getattr(store, "info", None)
-    return cap is not None and info is not None and info()["used_bytes"] > cap - cap // 4
+    if cap is None:
+        return False
+    try:
+        used = store.used_bytes()  # type: ignore[attr-defined]  # LMDBStore's, no system call
+    except Exception:
+        return True
+    return bool(used > cap - cap // 4)
 
 
 def _build_head(

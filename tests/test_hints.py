@@ -32,10 +32,10 @@ HOSTILE = ["t", "", "a\x00b", "emoji 🧵", "x" * 10_000]
 
 
 @pytest.fixture(autouse=True)
-def look_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A table looks for a file not there yet at most every 0.1 s; these
-    tests mark and look within a millisecond."""
-    monkeypatch.setattr(hints_mod, "_LOOK_EVERY", 0.0)
+def read_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table's copy is read again at most every 0.1 s; these tests mark
+    and look within a millisecond."""
+    monkeypatch.setattr(hints_mod, "_REFRESH", 0.0)
 
 
 def put(saver: KVSaver, thread: str, n: int, ns: str = "") -> None:
@@ -103,9 +103,10 @@ def test_the_table_never_fails_a_caller(tmp_path: Path, monkeypatch: pytest.Monk
     def full(*a: Any) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(hints_mod.os, "pwrite", full)
-    h.mark(b"k")  # a full disk: the mark is dropped
-    monkeypatch.undo()
+    with monkeypatch.context() as m:
+        m.setattr(hints_mod.os, "pwrite", full)
+        h.mark(b"k")  # a full disk: the mark is dropped
+    assert not h.recent(b"k", 10)
     gone = Hints(str(tmp_path / "no such directory"))
     gone.mark(b"k")  # a directory it cannot write: dropped
     assert not gone.recent(b"k", 10)
@@ -114,11 +115,35 @@ def test_the_table_never_fails_a_caller(tmp_path: Path, monkeypatch: pytest.Monk
     h.close()
     h.mark(b"j")  # closed: nothing, no error
     assert not h.recent(b"k", 10)
-    # a file cut short (by hand) is not mapped: reading it would be SIGBUS
-    os.truncate(tmp_path / HINTS_FILE, 100)
-    short = Hints(str(tmp_path))
-    assert not short.recent(b"k", 10)
-    short.close()
+
+
+def test_a_table_cut_short_or_replaced_under_its_readers(tmp_path: Path) -> None:
+    """No descriptor or mapping is kept: a file truncated under a reader reads
+    as zeros (a mapping would have been a SIGBUS), one deleted and made again
+    is the one read next."""
+    a, b = Hints(str(tmp_path)), Hints(str(tmp_path))
+    a.mark(b"k")
+    assert b.recent(b"k", 10)
+    os.truncate(tmp_path / HINTS_FILE, 0)
+    assert not b.recent(b"k", 10)
+    os.truncate(tmp_path / HINTS_FILE, 6)  # cut inside a slot
+    assert not b.recent(b"k", 10)
+    (tmp_path / HINTS_FILE).unlink()
+    assert not b.recent(b"k", 10)
+    a.mark(b"k")
+    assert b.recent(b"k", 10)
+
+
+def test_a_mark_is_seen_within_the_refresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The asking side reads a copy of the table at most every _REFRESH
+    seconds (a put asks at each call: no system call each time)."""
+    monkeypatch.setattr(hints_mod, "_REFRESH", 3600.0)
+    a, b = Hints(str(tmp_path)), Hints(str(tmp_path))
+    assert not b.recent(b"k", 10)  # reads: no file yet
+    a.mark(b"k")
+    assert not b.recent(b"k", 10)  # its copy, read just now
+    b._read_at -= 3600
+    assert b.recent(b"k", 10)
 
 
 # -- KVSaver --------------------------------------------------------------------------
@@ -197,6 +222,43 @@ def test_an_old_mark_is_let_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         assert not head_is_current(w, "t")
 
 
+def test_a_cap_the_store_cannot_tell_means_no_head_not_a_failed_put(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "s"
+    with KVSaver(path, max_size=1 << 20) as w, KVSaver(path) as r:
+        assert w._idle is not None
+        w._idle.delay = 3600
+        put(w, "t", 1)
+        read_often(r, "t")
+
+        def broken() -> int:
+            raise OSError("cannot tell")
+
+        monkeypatch.setattr(w.store, "used_bytes", broken)
+        put(w, "t", 2)
+        assert not head_is_current(w, "t")
+        assert w.get_tuple(config("t")) is not None
+
+
+def test_a_saver_made_before_fork_writes_wanted_heads_in_the_child(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    with writer(path) as w, KVSaver(path) as r:
+        put(w, "t", 1)
+        pid = os.fork()
+        if pid == 0:  # the child: marks and puts through the parent's savers
+            code = 1
+            try:
+                read_often(r, "t")
+                put(w, "t", 2)
+                code = 0 if head_is_current(w, "t") else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert head_is_current(w, "t")
+
+
 def test_no_wanted_heads_near_the_cap(tmp_path: Path) -> None:
     path = tmp_path / "s"
     with KVSaver(path, max_size=1 << 20) as w, KVSaver(path) as r:
@@ -221,7 +283,7 @@ def test_only_a_thread_read_often_is_marked(
     path = tmp_path / "s"
     marks: list[bytes] = []
     clock = [1000.0]
-    monkeypatch.setattr(K.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(K, "_monotonic", lambda: clock[0])
     with writer(path) as w, KVSaver(path) as r:
         put(w, "t", 1)
         clock[0] += 10  # w's put is not recent for r's reads (another saver anyway)
