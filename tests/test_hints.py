@@ -59,9 +59,9 @@ def read_often(saver: KVSaver, thread: str) -> None:
         assert saver.get_tuple(config(thread)) is not None
 
 
-def writer(path: Path) -> KVSaver:
+def writer(path: Path, **options: Any) -> KVSaver:
     """A saver whose idle thread waits an hour: heads here come from puts."""
-    saver = KVSaver(path)
+    saver = KVSaver(path, **options)
     assert saver._idle is not None
     saver._idle.delay = 3600
     return saver
@@ -226,9 +226,7 @@ def test_a_cap_the_store_cannot_tell_means_no_head_not_a_failed_put(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "s"
-    with KVSaver(path, max_size=1 << 20) as w, KVSaver(path) as r:
-        assert w._idle is not None
-        w._idle.delay = 3600
+    with writer(path, max_size=1 << 20) as w, KVSaver(path) as r:
         put(w, "t", 1)
         read_often(r, "t")
 
@@ -261,9 +259,7 @@ def test_a_saver_made_before_fork_writes_wanted_heads_in_the_child(tmp_path: Pat
 
 def test_no_wanted_heads_near_the_cap(tmp_path: Path) -> None:
     path = tmp_path / "s"
-    with KVSaver(path, max_size=1 << 20) as w, KVSaver(path) as r:
-        assert w._idle is not None
-        w._idle.delay = 3600
+    with writer(path, max_size=1 << 20) as w, KVSaver(path) as r:
         put(w, "t", 1)
         read_often(r, "t")
         used = w.store.info()["used_bytes"]  # type: ignore[attr-defined]
