@@ -180,7 +180,7 @@ def test_floor_paired(benchmark: Any, tmp_path: Any, workload: str) -> None:
     follows CPU work takes longer on this VM than one right after the last
     (300 µs of spinning before each raw commit made it 1.07x-1.30x as long
     in four runs on 2026-12-02, ``bench/commit_after_cpu13.py``), so the sum
-    of separately timed parts is below what a saver can reach.
+    of separately timed parts can be below what a saver reaches.
     extra_info holds each component's median per operation and the medians
     of the per-round ratios KVSaver / (serialize + commit), which the report
     uses, and KVSaver / (serialize, then commit)."""

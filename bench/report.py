@@ -271,7 +271,8 @@ def floors_section(groups: dict) -> list[str]:
             "longer than one that follows the last commit (300 µs of spinning before each "
             "raw commit of a put made it 1.07x-1.30x as long in four runs on 2026-12-02, "
             "`python bench/commit_after_cpu13.py`), so the sum of the separately timed "
-            "parts is below what a saver can reach.",
+            "parts can be below what a saver reaches; from run to run the two floors "
+            "come out within a few percent of each other or apart by that much.",
             "",
             *table(
                 [
