@@ -1629,8 +1629,9 @@ def _near_cap(store: Store) -> bool:
     cap = getattr(store, "max_size", None)
     if cap is None:
         return False
+    cheap = getattr(store, "used_bytes", None)  # LMDBStore's: no system call
     try:
-        used = store.used_bytes()  # type: ignore[attr-defined]  # LMDBStore's, no system call
+        used = cheap() if cheap is not None else store.info()["used_bytes"]  # type: ignore[attr-defined]
     except Exception:
         return True
     return bool(used > cap - cap // 4)
