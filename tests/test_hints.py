@@ -11,6 +11,7 @@ never data, and no hint ever fails a call.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -39,11 +40,12 @@ def read_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def put(saver: KVSaver, thread: str, n: int, ns: str = "") -> None:
-    """Checkpoint ``n`` of ``thread``: a growing list and a changing string."""
+    """Checkpoint ``n`` of ``thread`` (ids in put order, as LangGraph's
+    are): a growing list and a changing string."""
     values = {"a": list(range(n)), "b": f"v{n}"}
     versions = {"a": str(n), "b": str(n)}
-    parent = str(n - 1) if n > 1 else None
-    cp = make_checkpoint(str(n), values, versions)
+    parent = f"{n - 1:06d}" if n > 1 else None
+    cp = make_checkpoint(f"{n:06d}", values, versions)
     saver.put(config(thread, ns, parent), cp, {"source": "loop", "step": n}, versions)
 
 
@@ -298,3 +300,46 @@ def test_only_a_thread_read_often_is_marked(
         for _ in range(K.WANT_AFTER):
             r.get_tuple(config("t"))
         assert marks == [S.head_key("t", "")] * 2
+
+
+def test_readers_of_threads_being_written_see_whole_states_in_order(tmp_path: Path) -> None:
+    """A writer process puts checkpoints 1..N of five threads as fast as it
+    can while this process reads their latest: every state read is one
+    checkpoint's whole state (values and id agree), each thread's never goes
+    back, and the writer's last puts wrote the heads this reader wanted."""
+    path = tmp_path / "s"
+    threads = [f"t{i}" for i in range(5)]
+    with KVSaver(path) as w:
+        for t in threads:
+            put(w, t, 1)
+    code = textwrap.dedent(
+        f"""
+        import json, sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_hints import head_is_current, put, writer
+        from pathlib import Path
+        with writer(Path({str(path)!r})) as w:
+            for n in range(2, 161):
+                for t in {threads!r}:
+                    put(w, t, n)
+            print(json.dumps([head_is_current(w, t) for t in {threads!r}]))
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    seen = dict.fromkeys(threads, 1)
+    reads = 0
+    with KVSaver(path, readonly=True) as r:
+        while proc.poll() is None or reads == 0:
+            t = threads[reads % len(threads)]
+            got = r.get_tuple(config(t))
+            assert got is not None
+            n = int(got.checkpoint["id"])
+            assert got.checkpoint["channel_values"] == {"a": list(range(n)), "b": f"v{n}"}
+            assert got.metadata["step"] == n
+            assert n >= seen[t]
+            seen[t] = n
+            reads += 1
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0
+    assert json.loads(out) == [True] * len(threads)
+    assert set(seen.values()) == {160}
