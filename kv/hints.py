@@ -89,6 +89,8 @@ class Hints:
         if now - self._read_at >= _REFRESH and not self._closed:
             self._read_at = now
             copy = self._copy = _read(self.path)
+        if not copy:  # no table (nobody marked): the common case, no hashing
+            return False
         at = _slot(key)
         if len(copy) < at + _SLOT.size:
             return False

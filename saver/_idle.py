@@ -85,6 +85,10 @@ class IdleWork:
         """How many keys wait."""
         return len(self._due)
 
+    def waiting(self, key: Hashable) -> bool:
+        """Whether ``key`` waits (noted, not yet taken by its action)."""
+        return key in self._due
+
     def _take(self, now: float | None) -> list[Any]:
         """Up to ``BATCH`` keys due at ``now`` (None: every key), out of the
         queue, oldest first. Called with ``_busy`` held (notes go on)."""

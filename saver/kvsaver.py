@@ -291,12 +291,9 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # ``IDLE_SECONDS``, written in a background thread (``_IdleHeads``)
         self._idle: IdleWork | None = None
         # and the heads other processes' readers want (kv/hints.py), with the
-        # (thread, ns) this saver put lately (monotonic time): its own reads
-        # of them want nothing (its idle thread writes those heads), and the
         # reads here that found no head: (thread, ns) -> (monotonic time of
         # the first of its window, how many)
         self._hints: Any = None
-        self._my_puts: dict[tuple[str, str], float] = {}
         self._misses: dict[tuple[str, str], tuple[float, int]] = {}
         if cache_bytes is not None and (type(cache_bytes) is not int or cache_bytes < 0):
             raise ValueError(f"cache_bytes must be an int >= 0 or None, got {cache_bytes!r}")
@@ -871,8 +868,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # Without whole_latest a put still removes a head another saver made
         # (it would go stale), so a local store always looks it up.
         hkey = None if self._pipelined else S.head_key(thread, ns)
-        heads = readable and (self._whole_latest is True or self._wanted(thread, ns, hkey))
-        idle = self._idle if readable and not heads else None
+        heads = readable and (self._whole_latest is True or self._wanted(hkey))
+        idle = self._idle if readable else None
         blobs = codec.prepare(thread, ns, new_versions, values, dumps, parent_id, heads)
         # A small record: zstd with a dictionary (issue #15).
         cp_plain: bytes | Literal[False] = False
@@ -932,16 +929,18 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         self._sweeper.maybe_step(self)  # retention: a bounded step when one is due
         return _config(thread, ns, checkpoint_id)
 
-    def _wanted(self, thread: str, ns: str, hkey: bytes | None) -> bool:
-        """Whether this put writes the head of (thread, ns) because a reader
+    def _wanted(self, hkey: bytes | None) -> bool:
+        """Whether this put writes the head keyed ``hkey`` because a reader
         of another process wants it (``kv.hints``; whole_latest="idle"),
         unless the store is within a quarter of its ``max_size`` (as the
-        idle heads). Notes the put for ``_want_head``."""
+        idle heads)."""
         hints = self._hints
-        if hints is None or hkey is None:
-            return False
-        _bounded_put(self._my_puts, (thread, ns), _monotonic())
-        return hints.recent(hkey, WANTED_SECONDS) and not _near_cap(self.store)
+        return (
+            hints is not None
+            and hkey is not None
+            and hints.recent(hkey, WANTED_SECONDS)
+            and not _near_cap(self.store)
+        )
 
     def _want_head(self, thread: str, ns: str) -> None:
         """A read of the latest of (thread, ns) found no head: the
@@ -949,14 +948,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         (``kv.hints``), so that the puts of the process writing it write its
         head: a thread read far more often than it is written (heads cost
         the writer: up to a quarter of its puts/s, bench/rw_heads13.py), not
-        one polled now and then.
-        Not one this saver put lately: its own idle thread writes that head."""
-        if not self._reader_tuple()[5]:
-            return  # no heads read with this serializer
-        now = _monotonic()
+        one polled now and then. Not one this saver's idle thread still
+        has to write (it put the thread lately)."""
         key = (thread, ns)
-        if now - self._my_puts.get(key, -1e9) < 2 * IDLE_SECONDS:
-            return
+        if not self._reader_tuple()[5] or (self._idle is not None and self._idle.waiting(key)):
+            return  # no heads read with this serializer, or the head is ours to write
+        now = _monotonic()
         first, n = self._misses.get(key, (now, 0))
         if now - first > MARK_SECONDS:
             first, n = now, 0

@@ -286,7 +286,7 @@ def test_only_a_thread_read_often_is_marked(
     monkeypatch.setattr(K, "_monotonic", lambda: clock[0])
     with writer(path) as w, KVSaver(path) as r:
         put(w, "t", 1)
-        clock[0] += 10  # w's put is not recent for r's reads (another saver anyway)
+        clock[0] += 10  # (r is another saver: w's idle thread, not r's, waits for "t")
         monkeypatch.setattr(r.store.hints, "mark", marks.append)  # type: ignore[attr-defined]
         for _ in range(K.WANT_AFTER - 1):  # polled: each read a window apart
             r.get_tuple(config("t"))
