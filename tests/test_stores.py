@@ -933,6 +933,9 @@ def test_lmdb_map_grows_inside_one_big_transaction(tmp_path: Path) -> None:
                 if i % 50 == 0:  # reads stay right across the replays after growth
                     assert txn.get(b"k00000") == value
                     assert txn.get(b"before") == b"b"
+                    # get_many reads through the transaction's cursor, which
+                    # each replay into a new transaction must replace
+                    assert txn.get_many([b"before", b"k00000", b"none"]) == [b"b", value, None]
             txn.delete(b"before")
             assert sum(1 for _ in txn.scan()) == n
         assert store.info()["map_size"] > 20 << 20
