@@ -1,0 +1,133 @@
+"""How far 8 writer threads can go on this machine (issue #13's "8 writer
+threads, ops/s >= 3x SqliteSaver"), measured in the same rounds as the row.
+
+A measurement script, not a test. Each of 8 threads calls ``put_writes``
+(3 writes, its own thread id) and waits for it to be durable before its next
+one, so at most 8 operations are ever in flight, and the work of preparing
+an operation (serializing, running its function in the batch's transaction)
+holds the GIL: one core's worth at most. Then a batch of 8 costs at least
+
+    8 x c  (the GIL-held work of one put_writes)  +  F  (one durable commit)
+
+when the threads prepare while no commit is flushing (the group commit as it
+is), and a pipelined schedule that overlaps them cannot beat 8 / max(F, 8c)
+either. Each round measures, in an order that rotates:
+
+* ``kvsaver``, ``sqlite``: the ``concurrency:8_writers`` workload (8 threads x
+  25 put_writes, durability full / SqliteSaver's defaults), ops/s;
+* ``c``: the same 200 put_writes from one thread on ``KVSaver(dir,
+  durability="none")`` (no flush: the CPU of the call and of its
+  transaction and commit), thread CPU per operation;
+* ``F``: one raw py-lmdb durable commit (KVSaver's settings, its data file
+  zeroed ahead as KVSaver keeps its own) of the exact (key, value) pairs 8 of
+  these put_writes write (under new keys each time), median of 25.
+
+Reported: medians; the bounds 8 / (8c + F) and 8 / max(F, 8c), and each as a
+multiple of SqliteSaver's ops/s of the same rounds.
+
+    python bench/w8_bound13.py [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _concurrency import put_writes_ops, threaded_put_writes
+from _workloads import Recorder, raw_commit, raw_lmdb, rotated
+from kvsaver import KVSaver
+from langgraph.checkpoint.sqlite import SqliteSaver
+
+THREADS, PER_THREAD = 8, 25
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args(argv)
+    top = tempfile.mkdtemp(prefix="w8-bound-")
+    pool = ThreadPoolExecutor(THREADS)
+    kv = KVSaver(os.path.join(top, "kv"))
+    cpu_saver = KVSaver(os.path.join(top, "kv-none"), durability="none")
+    conn = sqlite3.connect(os.path.join(top, "cp.sqlite"), check_same_thread=False)
+    sq = SqliteSaver(conn)
+    sq.setup()
+    raw = raw_lmdb(os.path.join(top, "raw"), zeroed=True)  # as KVSaver keeps its file
+    rec = Recorder()
+    batch: list[tuple[bytes, bytes]] = []
+    for mine in put_writes_ops(THREADS, 1, "rec"):
+        for cfg, writes, tid in mine:
+            batch.extend(rec.put_writes(cfg, writes, tid))
+    got: dict[str, list[float]] = {"kvsaver": [], "sqlite": [], "c": [], "F": []}
+    n = THREADS * PER_THREAD
+
+    def run(name: str, r: int) -> None:
+        if name in ("kvsaver", "sqlite"):
+            saver: Any = kv if name == "kvsaver" else sq
+            ops = put_writes_ops(THREADS, PER_THREAD, f"{name}-{r}")
+            t0 = time.perf_counter()
+            threaded_put_writes(saver, pool, ops)
+            got[name].append(n / (time.perf_counter() - t0))
+        elif name == "c":
+            ops = put_writes_ops(1, n, f"c-{r}")[0]
+            c0 = time.thread_time()
+            for cfg, writes, tid in ops:
+                cpu_saver.put_writes(cfg, writes, tid)
+            got["c"].append((time.thread_time() - c0) / n)
+        else:
+            times = []
+            for i in range(25):
+                pairs = [(k + b"-%d-%d" % (r, i), v) for k, v in batch]
+                t0 = time.perf_counter()
+                raw_commit(raw, pairs)
+                times.append(time.perf_counter() - t0)
+            got["F"].append(statistics.median(times))
+
+    try:
+        for r in range(args.rounds + 1):  # round 0: warm-up, not counted
+            for name in rotated(list(got), r):
+                run(name, r)
+            if r == 0:
+                for v in got.values():
+                    v.clear()
+    finally:
+        kv.close()
+        cpu_saver.close()
+        conn.close()
+        raw.close()
+        rec.saver.close()
+        pool.shutdown()
+        shutil.rmtree(top, ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in got.items()}
+    c, f, sql = med["c"], med["F"], med["sqlite"]
+    serial = THREADS / (THREADS * c + f)
+    overlap = THREADS / max(f, THREADS * c)
+    print(f"rounds {args.rounds}, load average {os.getloadavg()[0]:.2f}")
+    kvs = med["kvsaver"]
+    print(f"kvsaver 8 threads: {kvs:,.0f} ops/s ({kvs / sql:.2f}x SqliteSaver)")
+    print(f"SqliteSaver 8 threads: {sql:,.0f} ops/s (3x: {3 * sql:,.0f})")
+    print(f"c, GIL-held work of one put_writes (durability none, thread CPU): {c * 1e6:.0f} µs")
+    print(f"F, one durable raw commit of 8 put_writes' pairs ({len(batch)}): {f * 1e6:.0f} µs")
+    print(f"bound, prepare then flush, 8 / (8c + F): {serial:,.0f} ops/s ({serial / sql:.2f}x)")
+    print(f"bound, fully overlapped, 8 / max(F, 8c): {overlap:,.0f} ops/s ({overlap / sql:.2f}x)")
+    cycle = THREADS / (3 * sql)
+    print(
+        f"3x SqliteSaver: a batch of 8 every {cycle * 1e6:.0f} µs; prepare then flush needs "
+        f"8c + F <= that ({(THREADS * c + f) * 1e6:.0f} µs now), overlapped F and 8c each "
+        f"<= that"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
