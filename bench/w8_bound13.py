@@ -20,7 +20,11 @@ either. Each round measures, in an order that rotates:
   transaction and commit), thread CPU per operation;
 * ``F``: one raw py-lmdb durable commit (KVSaver's settings, its data file
   zeroed ahead as KVSaver keeps its own) of the exact (key, value) pairs 8 of
-  these put_writes write (under new keys each time), median of 25.
+  these put_writes write (under new keys each time), median of 25. Its
+  environment grows by 25 such commits a round as KVSaver's store grows by
+  the round's 400 put_writes: how many pages a commit writes depends on the
+  tree's size. This VM's flushes drift by 2x within minutes; only figures of
+  the same run compare.
 
 Reported: medians; the bounds 8 / (8c + F) and 8 / max(F, 8c), and each as a
 multiple of SqliteSaver's ops/s of the same rounds.
@@ -43,8 +47,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from _concurrency import put_writes_ops, threaded_put_writes
-from _workloads import Recorder, raw_commit, raw_lmdb, rotated
+from _concurrency import batch_commit_seconds, batch_pairs, put_writes_ops, threaded_put_writes
+from _workloads import raw_lmdb, rotated
 from kvsaver import KVSaver
 from langgraph.checkpoint.sqlite import SqliteSaver
 
@@ -63,11 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     sq = SqliteSaver(conn)
     sq.setup()
     raw = raw_lmdb(os.path.join(top, "raw"), zeroed=True)  # as KVSaver keeps its file
-    rec = Recorder()
-    batch: list[tuple[bytes, bytes]] = []
-    for mine in put_writes_ops(THREADS, 1, "rec"):
-        for cfg, writes, tid in mine:
-            batch.extend(rec.put_writes(cfg, writes, tid))
+    batch = batch_pairs(THREADS)
     got: dict[str, list[float]] = {"kvsaver": [], "sqlite": [], "c": [], "F": []}
     n = THREADS * PER_THREAD
 
@@ -85,12 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                 cpu_saver.put_writes(cfg, writes, tid)
             got["c"].append((time.thread_time() - c0) / n)
         else:
-            times = []
-            for i in range(25):
-                pairs = [(k + b"-%d-%d" % (r, i), v) for k, v in batch]
-                t0 = time.perf_counter()
-                raw_commit(raw, pairs)
-                times.append(time.perf_counter() - t0)
+            times = [batch_commit_seconds(raw, batch, f"-{r}-{i}") for i in range(25)]
             got["F"].append(statistics.median(times))
 
     try:
@@ -105,7 +100,6 @@ def main(argv: list[str] | None = None) -> int:
         cpu_saver.close()
         conn.close()
         raw.close()
-        rec.saver.close()
         pool.shutdown()
         shutil.rmtree(top, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in got.items()}
