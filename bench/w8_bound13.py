@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -48,9 +47,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _concurrency import batch_commit_seconds, batch_pairs, put_writes_ops, threaded_put_writes
-from _workloads import raw_lmdb, rotated
-from kvsaver import KVSaver
-from langgraph.checkpoint.sqlite import SqliteSaver
+from _workloads import KV_LMDB, SQLITE, close_saver, make_saver, raw_lmdb, rotated
 
 THREADS, PER_THREAD = 8, 25
 
@@ -61,11 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     top = tempfile.mkdtemp(prefix="w8-bound-")
     pool = ThreadPoolExecutor(THREADS)
-    kv = KVSaver(os.path.join(top, "kv"))
-    cpu_saver = KVSaver(os.path.join(top, "kv-none"), durability="none")
-    conn = sqlite3.connect(os.path.join(top, "cp.sqlite"), check_same_thread=False)
-    sq = SqliteSaver(conn)
-    sq.setup()
+    kv = make_saver(KV_LMDB, os.path.join(top, "kv"))
+    cpu_saver = make_saver(KV_LMDB, os.path.join(top, "kv-none"), durability="none")
+    sq = make_saver(SQLITE, top)
     raw = raw_lmdb(os.path.join(top, "raw"), zeroed=True)  # as KVSaver keeps its file
     batch = batch_pairs(THREADS)
     got: dict[str, list[float]] = {"kvsaver": [], "sqlite": [], "c": [], "F": []}
@@ -96,9 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                 for v in got.values():
                     v.clear()
     finally:
-        kv.close()
-        cpu_saver.close()
-        conn.close()
+        for saver in (kv, cpu_saver, sq):
+            close_saver(saver)
         raw.close()
         pool.shutdown()
         shutil.rmtree(top, ignore_errors=True)

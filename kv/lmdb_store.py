@@ -988,10 +988,7 @@ class _LMDBTxn:
         if not key or len(key) > self._env.max_key:
             self._check_key(key)
         if self._log is None:
-            cur = self._cur
-            if cur is None:
-                cur = self._point()
-            cur.put(bytes(key), bytes(value))
+            (self._cur or self._point()).put(bytes(key), bytes(value))
         else:
             self._mutate("put", bytes(key), bytes(value))
 
@@ -1009,9 +1006,7 @@ class _LMDBTxn:
         return int(self._mutate("delete_range", start, stop))
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        cur = self._cur
-        if cur is None:
-            cur = self._point()
+        cur = self._cur or self._point()
         at, value, max_key = cur.set_key, cur.value, self._env.max_key
         return [value() if k and len(k) <= max_key and at(k) else None for k in keys]
 

@@ -1644,14 +1644,14 @@ def _build_head(
     mine: Mapping[str, tuple[Any, bytes | Literal[False] | None]],
     previous: bytes | None,
     parsed: Any,
-    hints: dict[tuple[str, str], dict[tuple[str, type, Any], int]],
+    head_sizes: dict[tuple[str, str], dict[tuple[str, type, Any], int]],
     blobs: dict[bytes, bytes | None] | None = None,
 ) -> bytes | None:
     """``heads.build`` for the checkpoint ``rec`` (stored as ``record``):
     the values neither ``mine`` nor ``previous`` holds are read from their
-    blobs (their raw bytes noted in ``blobs`` when given). ``hints``: the
-    saver's sizes of values found too large, per (thread, ns), taken for
-    this build and kept for the next when it makes no head. None when the
+    blobs (their raw bytes noted in ``blobs`` when given). ``head_sizes``:
+    the saver's sizes of values found too large, per (thread, ns), taken
+    for this build and kept for the next when it makes no head. None when the
     checkpoint can have none (a value a head cannot hold, a damaged or
     foreign blob: a read of it says so); the store's own errors raise."""
     thread, ns = rec.thread_id, rec.checkpoint_ns
@@ -1665,7 +1665,7 @@ def _build_head(
 
     md_plain = H.plain_of(*rec.metadata)
     head = None
-    sizes = hints.pop((thread, ns), {})
+    sizes = head_sizes.pop((thread, ns), {})
     if cp_plain is not False and md_plain is not False:
         try:
             head = H.build(
@@ -1689,7 +1689,7 @@ def _build_head(
             pass  # a stored value it cannot read (a foreign blob, a damaged frame)
     if head is None and sizes:  # what it read, for the next try: see heads.build
         current = {H.version_key(ch, v) for ch, v in versions.items()}
-        _bounded_put(hints, (thread, ns), {k: n for k, n in sizes.items() if k in current})
+        _bounded_put(head_sizes, (thread, ns), {k: n for k, n in sizes.items() if k in current})
     return head
 
 

@@ -24,8 +24,8 @@ ln -s "$PWD/kv" "$TREE/kvsaver/kv"
 ln -s "$PWD/tools" "$TREE/kvsaver/tools"
 printf 'from typing import Any\n\ndef __getattr__(name: str) -> Any: ...\n' > "$TREE/stubs/lmdb.pyi"
 PY="$(cd "$VENV/bin" && pwd)/python"
-# mypy runs beside pytest; its
-# output comes after the tests', and either failing fails the script.
+# mypy runs beside pytest; its output comes after the tests', and either
+# failing fails the script.
 MYPY_LOG="$TREE/mypy.log"
 (cd "$TREE" && MYPYPATH="$TREE/stubs" "$PY" -m mypy \
     --config-file "$OLDPWD/pyproject.toml" --cache-dir "$OLDPWD/.mypy_cache" -p kvsaver) \
