@@ -737,6 +737,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         before_id = None
         if before is not None:
             before_id = _configurable(before, "list(before=...)").get("checkpoint_id")
+            if before_id is not None and str(before_id) == "":
+                return  # no id sorts below "" (SqliteSaver's ``checkpoint_id < ''``)
         remaining = limit
         if config is None:
             sources = self._index_sources(filter, None if before_id is None else str(before_id))
@@ -1012,7 +1014,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         """
         thread, ns, conf = _thread_ns(config, "put_writes")
         checkpoint_id = conf.get("checkpoint_id")
-        if not checkpoint_id:
+        if checkpoint_id is None:  # "" is an id (SqliteSaver stores writes under it)
             raise ValueError(
                 "put_writes: config['configurable']['checkpoint_id'] is missing; writes "
                 "belong to a stored checkpoint"

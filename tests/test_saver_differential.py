@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from kvsaver import KVSaver
@@ -40,6 +42,7 @@ from saver_helpers import (
     assert_indexes_consistent,
     config,
     make_checkpoint,
+    open_kv,
     sqlite_saver,
     tuple_dict,
     tuples,
@@ -505,3 +508,38 @@ SaverComparisonHeads.TestCase.settings = settings(
     max_examples=30, stateful_step_count=40, deadline=None
 )
 test_kvsaver_whole_latest_matches_sqlitesaver = SaverComparisonHeads.TestCase
+
+
+def _empty_id_story(saver: Any) -> list[Any]:
+    """ "" as a checkpoint id (hostile, but a str both savers store): a
+    checkpoint "", its writes, a child "1ef1", then every read of them."""
+    saver.put(config("t"), make_checkpoint(""), {"a": 1}, {})
+    saver.put_writes(config("t", checkpoint_id=""), [("ch", 1), (ERROR, "e")], "task")
+    saver.put(config("t", checkpoint_id=""), make_checkpoint("1ef1"), {"a": 2}, {})
+    saver.put_writes(config("t", checkpoint_id="1ef1"), [("ch", 2)], "task")
+    return [
+        tuple_dict(saver.get_tuple(config("t", checkpoint_id=""))),  # falsy id: the latest
+        tuple_dict(saver.get_tuple(config("t"))),
+        tuples(saver.list(config("t"))),
+        tuples(saver.list(config("t"), before=config("t", checkpoint_id=""))),
+        tuples(saver.list(None, before=config("t", checkpoint_id=""))),
+        tuples(saver.list(config("t"), before=config("t", checkpoint_id="1ef1"))),
+        tuples(saver.list(None, filter={"a": 1}, before=config("t", checkpoint_id="1ef1"))),
+    ]
+
+
+@pytest.mark.parametrize("whole_latest", [True, False])
+@pytest.mark.parametrize("backend", ["memory", "lmdb"])
+def test_empty_checkpoint_id_as_sqlitesaver(
+    tmp_path: Path, backend: str, whole_latest: bool
+) -> None:
+    """put_writes under checkpoint id "" is stored (it was refused as a
+    missing id), and list(before=id "") returns nothing, as no id sorts
+    below "" (it returned everything)."""
+    want = _empty_id_story(sqlite_saver())
+    assert want[3] == want[4] == [] and want[2][1]["pending_writes"]
+    saver = open_kv(backend, tmp_path, whole_latest=whole_latest)
+    try:
+        assert _empty_id_story(saver) == want
+    finally:
+        saver.close()
