@@ -736,9 +736,10 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             raise TypeError(f"list: filter must be a dict of metadata values, got {filter!r}")
         before_id = None
         if before is not None:
+            # None: no bound. "" is an id, below which none sorts (as
+            # SqliteSaver's ``checkpoint_id < ''``): every bound below tests
+            # ``is not None``, not truth
             before_id = _configurable(before, "list(before=...)").get("checkpoint_id")
-            if before_id is not None and str(before_id) == "":
-                return  # no id sorts below "" (SqliteSaver's ``checkpoint_id < ''``)
         remaining = limit
         if config is None:
             sources = self._index_sources(filter, None if before_id is None else str(before_id))
@@ -787,7 +788,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             if ok:
                 candidates.append(S.meta_range(key, norm, before_id))
         default = S.by_id_range()
-        if before_id:
+        if before_id is not None:
             default = (default[0], S.by_id_stop(before_id))
         chosen: list[tuple[bytes, bytes]] = []
         ckpt = pack((S.CHECKPOINT,))
@@ -817,7 +818,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 if resume is not None:
                     return
                 for one_ns in [str(ns)] if ns is not None else TH.namespaces(txn, thread):
-                    if before_id and not str(checkpoint_id) < str(before_id):
+                    if before_id is not None and not str(checkpoint_id) < str(before_id):
                         continue
                     raw = txn.get(S.checkpoint_key(thread, one_ns, str(checkpoint_id)))
                     if raw is not None:
@@ -830,7 +831,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             scans = []
             for one_ns in namespaces:
                 start, stop = S.checkpoints_range(thread, one_ns)
-                if before_id:
+                if before_id is not None:
                     stop = min(stop, S.checkpoint_key(thread, one_ns, str(before_id)))
                 if resume is not None:  # ids below the last one returned
                     stop = min(stop, start[:-1] + resume[0])

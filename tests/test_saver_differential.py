@@ -523,6 +523,8 @@ def _empty_id_story(saver: Any) -> list[Any]:
         tuples(saver.list(config("t"))),
         tuples(saver.list(config("t"), before=config("t", checkpoint_id=""))),
         tuples(saver.list(None, before=config("t", checkpoint_id=""))),
+        tuples(saver.list(config("t", checkpoint_id="1ef1"), before=config("t", checkpoint_id=""))),
+        tuples(saver.list(None, filter={"a": 2}, before=config("t", checkpoint_id=""))),
         tuples(saver.list(config("t"), before=config("t", checkpoint_id="1ef1"))),
         tuples(saver.list(None, filter={"a": 1}, before=config("t", checkpoint_id="1ef1"))),
     ]
@@ -537,7 +539,7 @@ def test_empty_checkpoint_id_as_sqlitesaver(
     missing id), and list(before=id "") returns nothing, as no id sorts
     below "" (it returned everything)."""
     want = _empty_id_story(sqlite_saver())
-    assert want[3] == want[4] == [] and want[2][1]["pending_writes"]
+    assert want[3] == want[4] == want[5] == want[6] == [] and want[2][1]["pending_writes"]
     saver = open_kv(backend, tmp_path, whole_latest=whole_latest)
     try:
         assert _empty_id_story(saver) == want
