@@ -110,6 +110,7 @@ from .store import (
     FormatVersionError,
     KeyTooLongError,
     KVError,
+    MissingDependencyError,
     ReadOnlyError,
     StoreClosedError,
     StoreFullError,
@@ -174,8 +175,8 @@ def _psycopg() -> Any:
     try:
         import psycopg
         import psycopg_pool  # noqa: F401
-    except ImportError as e:  # pragma: no cover - exercised only without the extra
-        raise ImportError(
+    except ImportError as e:  # .ci/bare_install.py runs this without the extra
+        raise MissingDependencyError(
             "PostgresStore needs psycopg 3 and psycopg_pool: pip install 'kvsaver[postgres]'"
         ) from e
     if not _LIB:

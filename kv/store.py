@@ -47,6 +47,7 @@ __all__ = [
     "FormatVersionError",
     "KVError",
     "KeyTooLongError",
+    "MissingDependencyError",
     "ReadOnlyError",
     "Store",
     "StoreBusyError",
@@ -89,6 +90,11 @@ class StoreFullError(KVError):
 
 class StoreBusyError(KVError):
     """The store is held exclusively by another process."""
+
+
+class MissingDependencyError(KVError, ImportError):
+    """A backend needs a package that is not installed (an optional extra); the
+    message names the ``pip install`` that brings it."""
 
 
 @runtime_checkable

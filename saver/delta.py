@@ -114,7 +114,6 @@ from kvsaver.kv import CorruptStoreError
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
-from langgraph.constants import START
 
 from . import compression as C
 from . import elements as E
@@ -133,6 +132,9 @@ MIN_BYTES = 512  # a smaller list is stored whole: a chain would save too little
 PIECE_THRESHOLD = 128  # pieces from here are compressed (zstd with its dictionary)
 _DIGEST = 16
 _LIMIT = 4096  # a chain longer than this is a cycle: a damaged store
+# The graph's input channel, langgraph.constants.START: named here since the
+# langgraph package is not a dependency (tests/test_install.py checks the two agree).
+START = "__start__"
 _EMPTY = S.encode_blob(None)
 
 

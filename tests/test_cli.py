@@ -541,7 +541,24 @@ def test_sqlite_source_needs_langgraph_checkpoint_sqlite(
 ) -> None:
     monkeypatch.setitem(sys.modules, "langgraph.checkpoint.sqlite", None)
     line = fail("threads", stores["sqlite"])
-    assert "pip install langgraph-checkpoint-sqlite" in line
+    assert "pip install 'kvsaver[tools]'" in line
+
+
+@pytest.mark.parametrize("command", ["threads", "compact"])
+def test_postgres_url_without_psycopg_names_the_extra(
+    command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    line = fail(command, "postgresql://nobody@127.0.0.1:1/none")
+    assert "pip install 'kvsaver[postgres]'" in line
+
+
+def test_encrypted_without_pycryptodome_names_the_extra(
+    stores: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "Crypto", None)
+    line = fail("threads", stores["lmdb"], "--encrypted")
+    assert "pip install 'kvsaver[tools]'" in line
 
 
 def test_sqlite_source_is_opened_read_only(stores: dict[str, str], tmp_path: Any) -> None:

@@ -45,7 +45,7 @@ from langchain_core.messages import BaseMessage
 from langgraph.checkpoint.base import CheckpointTuple
 from ormsgpack import MsgpackDecodeError
 
-from .cliutil import Fail, Group
+from .cliutil import Fail, Group, encrypting
 from .migrate_from_sqlite import migrate_command
 from .sources import Entry, Source, ThreadInfo, Unallowed, open_source, strict_serde
 from .storage import COMMANDS as STORAGE_COMMANDS
@@ -193,12 +193,7 @@ _encrypted = click.option(
 def _open(store: str, encrypted: bool) -> Source:
     serde: Any = None
     if encrypted:
-        from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
-
-        try:
-            serde = EncryptedSerializer.from_pycryptodome_aes(serde=strict_serde())
-        except (ValueError, ImportError) as e:
-            raise Fail(f"--encrypted: {e}") from None
+        serde = encrypting(strict_serde())
     return open_source(store, serde=serde)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 
-__all__ = ["Command", "Fail", "Group"]
+__all__ = ["Command", "Fail", "Group", "encrypting"]
 
 
 class Fail(click.ClickException):
@@ -35,6 +35,22 @@ class Fail(click.ClickException):
 
     def show(self, file: Any = None) -> None:
         click.echo(f"error: {self.format_message()}", err=True)
+
+
+def encrypting(serde: Any) -> Any:
+    """``serde`` inside LangGraph's ``EncryptedSerializer`` (AES, the key from
+    ``LANGGRAPH_AES_KEY``), for ``--encrypted``; pycryptodome is in the
+    ``tools`` extra."""
+    from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
+
+    try:
+        import Crypto  # noqa: F401
+    except ImportError:
+        raise Fail("--encrypted needs pycryptodome: pip install 'kvsaver[tools]'") from None
+    try:
+        return EncryptedSerializer.from_pycryptodome_aes(serde=serde)
+    except ValueError as e:  # no key, or a key of the wrong length
+        raise Fail(f"--encrypted: {e}") from None
 
 
 def module_prog(spec: Any) -> str:

@@ -458,13 +458,6 @@ def _redact(url: str) -> str:
 
 def _open_kv(store: str, serde: SerializerProtocol, *, url: bool = False, **kw: Any) -> KVSaver:
     if url:
-        import importlib.util
-
-        if importlib.util.find_spec("kvsaver.kv.postgres") is None:
-            raise Fail(
-                f"{_redact(store)}: this version of kvsaver has no PostgreSQL backend "
-                "(it reads LMDB directories, FileStore files and SqliteSaver files)"
-            )
         # A person waits at the prompt: a server that is not there is said in
         # seconds, not after the pool's 30 s of retries.
         kw = {"connect_timeout": 5, "pool_timeout": 5, **kw}
@@ -481,7 +474,7 @@ def _open_sqlite(path: str, serde: SerializerProtocol) -> BaseCheckpointSaver[An
     except ImportError:
         raise Fail(
             f"{path} is a SQLite database; reading it needs langgraph-checkpoint-sqlite: "
-            "pip install langgraph-checkpoint-sqlite"
+            "pip install 'kvsaver[tools]'"
         ) from None
     from kvsaver.migrate import MigrationError, open_sqlite_saver
 

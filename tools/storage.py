@@ -54,7 +54,7 @@ from kvsaver.kv import KVError, PostgresStore
 from kvsaver.kv.lmdb_store import compact_lmdb
 from kvsaver.kv.postgres import is_postgres_url
 
-from .cliutil import Command, Fail, Group, module_prog
+from .cliutil import Command, Fail, Group, encrypting, module_prog
 
 
 @contextmanager
@@ -97,9 +97,7 @@ def _open(args: argparse.Namespace, *, readonly: bool) -> KVSaver:
 def _serde(args: argparse.Namespace) -> Any:
     serde = strict_jsonplus()  # strict: see the docstring
     if getattr(args, "encrypted", False):
-        from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
-
-        return EncryptedSerializer.from_pycryptodome_aes(serde=serde)
+        return encrypting(serde)
     return serde
 
 
