@@ -26,8 +26,12 @@ and highest ("rounds"), so a figure is seen with its spread:
                    saver and with each saver back to back, order rotated; per
                    round, overhead per superstep = (with saver - without) /
                    checkpoints
-  bytes            one long chat (60 invokes of 2 agent turns, ~300 checkpoints),
-                   then VACUUM FULL: table + indexes + TOAST of each saver's tables
+  bytes            three workloads, each saver in a database of its own, then
+                   VACUUM FULL: table + indexes + TOAST of each saver's tables
+                   (KVSaver's heap / index / TOAST and rows per keyspace too):
+                   "long chat" (one thread, 60 invokes of 2 agent turns),
+                   "agent loop" (5 threads x one 30-turn invoke: the target),
+                   "short threads" (200 threads x one 2-turn invoke)
 
 Targets (the issue): put, get_tuple, list, graph <= 1.0x PostgresSaver; bytes <= 0.3x.
 
@@ -61,7 +65,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from _workloads import ThreadGen, build_agent, run_loop, task_id, writes_for
+from _workloads import ThreadGen, build_agent, human, run_loop, task_id, writes_for
 from kvsaver import KVSaver
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
@@ -74,6 +78,8 @@ LISTS = 20
 HISTORY = 100
 GRAPH_THREADS = 3
 CHAT_INVOKES = 60
+LOOP_THREADS = 5
+SHORT_THREADS = 200
 METHOD = (
     "ratio = median over rounds of (KVSaver's round median / PostgresSaver's round "
     "median), each round pairing the savers' calls one by one; graph: per round, "
@@ -279,33 +285,85 @@ def _graph(savers: dict[str, Any]) -> Rounds:
     return per, cpu
 
 
-def _bytes(url: str) -> dict[str, int]:
-    """One long chat per saver, each in a database of its own, then VACUUM FULL."""
-    import psycopg
+def _long_chat(graph: Any) -> None:
     from langchain_core.messages import HumanMessage
+
+    cfg = {"configurable": {"thread_id": "long-chat"}}
+    for i in range(CHAT_INVOKES):
+        graph.invoke(
+            {"messages": [HumanMessage(content=f"turn {i} " * 30)], "turns": 0, "max_turns": 2},
+            cfg,
+        )
+
+
+def _short_threads(graph: Any) -> None:
+    for t in range(SHORT_THREADS):
+        cfg = {"configurable": {"thread_id": f"short-{t}"}}
+        graph.invoke({"messages": [human(100 * t)], "turns": 0, "max_turns": 2}, cfg)
+
+
+# The bytes workloads: the long chat; an agent loop on a few threads (the
+# shape of an outside check's graph run); many threads of one short invoke.
+BYTES_WORKLOADS: dict[str, Callable[[Any], None]] = {
+    "long chat": _long_chat,
+    "agent loop": lambda graph: run_loop(graph, "loop", True, threads=LOOP_THREADS),
+    "short threads": _short_threads,
+}
+BYTES_HEADLINE = "agent loop"
+
+
+def _sizes(conn: Any, tables: list[str]) -> dict[str, int]:
+    """heap, indexes and TOAST of ``tables`` after VACUUM FULL."""
     from psycopg import sql
 
-    out = {}
-    for name in ("KVSaver", "PostgresSaver"):
-        db = _database(url, f"bytes_{name.lower()}")
-        savers = _savers(db)
-        saver = savers[name]
-        graph = build_agent(saver)
-        cfg = {"configurable": {"thread_id": "long-chat"}}
-        for i in range(CHAT_INVOKES):
-            graph.invoke(
-                {"messages": [HumanMessage(content=f"turn {i} " * 30)], "turns": 0, "max_turns": 2},
-                cfg,
-            )
-        _close(savers)
-        tables = ["kv_store"] if name == "KVSaver" else PG_TABLES
-        with psycopg.connect(db, autocommit=True) as conn:
-            total = 0
-            for t in tables:
-                conn.execute(sql.SQL("VACUUM FULL {}").format(sql.Identifier(t)))
-                row = conn.execute("SELECT pg_total_relation_size(to_regclass(%s))", (t,))
-                total += int(row.fetchone()[0] or 0)
-        out[name] = total
+    out = {"heap": 0, "index": 0, "toast": 0, "total": 0}
+    for t in tables:
+        conn.execute(sql.SQL("VACUUM FULL {}").format(sql.Identifier(t)))
+        row = conn.execute(
+            "SELECT pg_relation_size(c.oid), pg_indexes_size(c.oid),"
+            " coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0),"
+            " pg_total_relation_size(c.oid) FROM pg_class c WHERE c.oid = to_regclass(%s)",
+            (t,),
+        ).fetchone()
+        if row is not None:
+            for k, v in zip(("heap", "index", "toast", "total"), row):
+                out[k] += int(v)
+    return out
+
+
+def _rows_by_keyspace(conn: Any) -> dict[str, int]:
+    """KVSaver's rows per keyspace (the first element of each key)."""
+    from kvsaver.kv.keys import unpack
+
+    counts: dict[str, int] = {}
+    for (key,) in conn.execute("SELECT key FROM kv_store"):
+        ks = str(unpack(bytes(key))[0])
+        counts[ks] = counts.get(ks, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+def _bytes(url: str) -> dict[str, dict[str, Any]]:
+    """Each workload per saver in a database of its own, then VACUUM FULL:
+    table + indexes + TOAST of each saver's tables."""
+    import psycopg
+
+    out: dict[str, dict[str, Any]] = {}
+    for workload, run in BYTES_WORKLOADS.items():
+        entry: dict[str, Any] = {}
+        for name in ("KVSaver", "PostgresSaver"):
+            db = _database(url, f"bytes_{name.lower()}")
+            savers = _savers(db)
+            run(build_agent(savers[name]))
+            _close(savers)
+            tables = ["kv_store"] if name == "KVSaver" else PG_TABLES
+            with psycopg.connect(db, autocommit=True) as conn:
+                sizes = _sizes(conn, tables)
+                entry[name] = sizes["total"]
+                entry[name + " layout"] = sizes
+                if name == "KVSaver":
+                    entry["KVSaver rows"] = _rows_by_keyspace(conn)
+        entry["ratio"] = entry["KVSaver"] / entry["PostgresSaver"]
+        out[workload] = entry
     return out
 
 
@@ -363,8 +421,7 @@ def test_kvsaver_vs_postgressaver(benchmark: Any, server_url: str) -> None:
             for n in v:
                 if n != FLOOR:
                     entry["x floor " + n] = statistics.median(a / f for a, f in zip(v[n], v[FLOOR]))
-    b = out["bytes"]
-    report["bytes"] = {**b, "ratio": b["KVSaver"] / b["PostgresSaver"]}
+    report["bytes"] = out["bytes"]
     benchmark.extra_info.update(report)
     os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
     with open(RESULTS, "w") as f:
@@ -386,8 +443,12 @@ def test_kvsaver_vs_postgressaver(benchmark: Any, server_url: str) -> None:
             spread = f"{min(rounds):.2f}-{max(rounds):.2f}"
             print(f"{'  ' + UNPREPARED:<24}{m[UNPREPARED]:>12.0f}{'':>18}"
                   f"{m['ratio ' + UNPREPARED]:>8.2f}  {spread}")  # fmt: skip
-    print(f"{'bytes (VACUUM FULL)':<24}{b['KVSaver']:>12,}{b['PostgresSaver']:>18,}"
-          f"{report['bytes']['ratio']:>8.2f}")  # fmt: skip
+    print("bytes after VACUUM FULL (table + indexes + TOAST); KVSaver's heap / index / TOAST:")
+    for workload, b in report["bytes"].items():
+        lay = b["KVSaver layout"]
+        split = f"{lay['heap']:,} / {lay['index']:,} / {lay['toast']:,}"
+        print(f"{'  ' + workload:<24}{b['KVSaver']:>12,}{b['PostgresSaver']:>18,}"
+              f"{b['ratio']:>8.2f}  {split}")  # fmt: skip
     print("client CPU per operation (process_time, medians; graph: with - without saver):")
     for op, m in report["microseconds"].items():
         print(f"{op:<24}{m['cpu KVSaver']:>12.0f}{m['cpu PostgresSaver']:>18.0f}"

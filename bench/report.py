@@ -1086,16 +1086,19 @@ def postgres_section(results: str = RESULTS) -> list[str]:
             ]
         )
     b = data.get("bytes") or {}
-    if b:
+    if "ratio" in b:  # one workload (a results file before the three)
+        b = {"long chat": b}
+    for workload, w in b.items():
+        target = workload in ("agent loop", "long chat")
         rows.append(
             [
-                "bytes after a long chat (VACUUM FULL)",
-                f"{b['KVSaver']:,}",
-                f"{b['PostgresSaver']:,}",
-                fmt_ratio(b["ratio"]),
+                f"bytes after {workload} (VACUUM FULL)",
+                f"{w['KVSaver']:,}",
+                f"{w['PostgresSaver']:,}",
+                fmt_ratio(w["ratio"]),
                 "",
-                "<= 0.3x",
-                "met" if b["ratio"] <= 0.3 else "**not met**",
+                "<= 0.3x" if target else "",
+                ("met" if w["ratio"] <= 0.3 else "**not met**") if target else "not a target",
                 "",
             ]
         )
