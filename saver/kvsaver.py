@@ -468,21 +468,24 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # what the probe did (issue #13), while a checkpoint with writes paid
         # a second positioning (a memory store's probe was the scan, sliced).
         start, stop = S.writes_range(thread, ns, checkpoint_id)
-        return self._in_read_order([S.decode_write(v) for _, v in txn.scan(start, stop)])
+        return self._in_read_order(
+            [w for _, v in txn.scan(start, stop) for w in S.decode_writes(v)]
+        )
 
     def _in_read_order(self, recs: builtins.list[S.WriteRecord]) -> builtins.list[S.WriteRecord]:
         """One checkpoint's stored writes (in key order) in the order reads return them."""
         if not recs:
             return recs
         # Keys are (task_id, idx), the identity; reads are in task_path order.
-        # The writes of one task (one put_writes: the common case) are in
-        # idx order already, which is writes_sort_key's order within a task
-        # (issue #13: the sort was a fifth of reading a checkpoint's writes).
-        p, t = recs[0].task_path, recs[0].task_id
+        # The writes of one put_writes (the common case) come in idx order,
+        # which is writes_sort_key's order within a task; a later call's
+        # record may fill a gap below a batch's last idx, so that is checked.
+        p, t, i = recs[0].task_path, recs[0].task_id, recs[0].idx - 1
         for w in recs:
-            if w.task_path != p or w.task_id != t:
+            if w.task_path != p or w.task_id != t or w.idx <= i:
                 recs.sort(key=lambda w: writes_sort_key(w.task_path, w.task_id, w.idx))
                 break
+            i = w.idx
         if self._legacy_writes:  # a format-1 store opened read-only
             return U.first_per_identity(recs)
         return recs
@@ -512,7 +515,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 # (0x00 0xff) continues it there: then it is a longer id's.
                 cid = starts.get(key[:n])
                 if cid is not None and key[n : n + 1] != b"\xff":
-                    out.setdefault(cid, []).append(S.decode_write(raw))
+                    out.setdefault(cid, []).extend(S.decode_writes(raw))
                     break
         return {cid: self._in_read_order(recs) for cid, recs in out.items()}
 
@@ -1027,26 +1030,31 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # decompressed values: a write is read only when its checkpoint is
         # resumed (issue #13).
         dumps = functools.partial(D.codec(self.serde).dumps_small, remember=False)
-        idxs = [WRITES_IDX_MAP.get(channel, idx) for idx, (channel, _) in enumerate(writes)]
-        keys = S.write_keys(thread, ns, checkpoint_id, task_id, idxs)
-        entries = [
-            (key, S.encode_write_fields(task_id, channel, dumps(value), task_path, widx))
-            for key, widx, (channel, value) in zip(keys, idxs, writes)
+        serialized = [
+            (WRITES_IDX_MAP.get(channel, idx), channel, dumps(value))
+            for idx, (channel, value) in enumerate(writes)
         ]
         replace = all(channel in WRITES_IDX_MAP for channel, _ in writes)
         now = R.now_ms(self.clock)
-
         akey = S.activity_key(thread)
+        prefix = S.task_write_prefix(thread, ns, checkpoint_id, task_id)
+        probe = S.write_probe_keys(prefix, [w[0] for w in serialized])
 
         def write(txn: Any) -> None:
             # The reads in one get_many (one round trip on a network store).
-            present = txn.get_many([key for key, _ in entries] + [akey])
-            stored = {key for (key, _), old in zip(entries, present) if old is not None}
-            for key, value in entries:
-                if replace or key not in stored:
-                    txn.put(key, value)
-                    stored.add(key)  # a repeated key in one batch: the first wins
-            TH.touch(txn, thread, now, present[-1])
+            *found, activity = txn.get_many([*probe, akey])
+            new = serialized
+            if not replace:
+                stored = S.stored_idxs(found)
+                new = []
+                for w in serialized:
+                    if w[0] not in stored:  # a repeated idx in one batch: the first wins
+                        stored.add(w[0])
+                        new.append(w)
+            # A batch of special writes replaces: the last of a repeated idx wins.
+            for key, value in S.write_records(prefix, task_id, task_path, new):
+                txn.put(key, value)
+            TH.touch(txn, thread, now, activity)
 
         self.store.transact(write)
 

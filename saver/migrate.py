@@ -488,6 +488,12 @@ class _NoDest:
     def get(self, key: bytes) -> bytes | None:
         return None
 
+    def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        return [None] * len(keys)
+
+    def scan(self, start: bytes, stop: bytes) -> Iterator[tuple[bytes, bytes]]:
+        return iter(())
+
 
 def _raw_copy_limit(src: SerializerProtocol, dst: SerializerProtocol) -> float:
     """Up to what size serde-typed bytes made by ``src`` can be stored as they
@@ -786,26 +792,44 @@ def _copy_sqlite(
                             where,
                             D.codec(serde),
                         )
+                # A task's writes as put_writes stores them (schema.write_records),
+                # less those already there (a re-run, or --merge): found by gets,
+                # as put_writes finds them (a scan would send this batch's
+                # buffered writes to a network store ahead of its commit).
+                tasks: dict[tuple[str, str], list[tuple[int, str, Any, Any]]] = {}
                 for task_id, task_path, idx, channel, wtype, wvalue in src.writes_of(
                     thread_v, ns_v, cid_v
                 ):
-                    task_id, task_path = str(task_id), str(task_path or "")
-                    wkey = S.write_key(thread, ns, cid, task_id, int(idx))
-                    if txn.get(wkey) is not None:
-                        stats.writes_present += 1
-                        continue
-                    stats.writes_copied += 1
-                    if dry_run:
-                        continue
-                    if wvalue is not None and len(wvalue) < raw_limit and wtype != "pickle":
-                        # the bytes the inner serializer would make again
-                        value = (wtype, wvalue)
-                        if not stored_form:
-                            value = small.wrap_small(wtype, wvalue)
-                    else:
-                        value = small.dumps_small(loads((wtype, wvalue)))
-                    record = S.WriteRecord(task_id, str(channel), value, task_path, int(idx))
-                    put(wkey, S.encode_write(record))
+                    who = (str(task_id), str(task_path or ""))
+                    tasks.setdefault(who, []).append((int(idx), str(channel), wtype, wvalue))
+                stored: dict[str, set[int]] = {}
+                for (task_id, task_path), rows in tasks.items():
+                    prefix = S.task_write_prefix(thread, ns, cid, task_id)
+                    if task_id not in stored:
+                        idxs = [r[0] for (t, _), rs in tasks.items() if t == task_id for r in rs]
+                        if max(idxs) <= 4 * len(idxs) + 64:  # positions, as LangGraph's
+                            found = txn.get_many(S.write_probe_keys(prefix, idxs))
+                        else:  # indexes far apart: a scan, not a get of each below
+                            found = [raw for _, raw in txn.scan(*S.task_writes_range(prefix))]
+                        stored[task_id] = S.stored_idxs(found)
+                    writes: list[tuple[int, str, S.Typed]] = []
+                    for idx, channel, wtype, wvalue in sorted(rows, key=lambda r: r[0]):
+                        if idx in stored[task_id]:
+                            stats.writes_present += 1
+                            continue
+                        stats.writes_copied += 1
+                        if dry_run:
+                            continue
+                        if wvalue is not None and len(wvalue) < raw_limit and wtype != "pickle":
+                            # the bytes the inner serializer would make again
+                            value = (wtype, wvalue)
+                            if not stored_form:
+                                value = small.wrap_small(wtype, wvalue)
+                        else:
+                            value = small.dumps_small(loads((wtype, wvalue)))
+                        writes.append((idx, channel, value))
+                    for key, record in S.write_records(prefix, task_id, task_path, writes):
+                        put(key, record)
             if interrupted():  # a value of this batch may be a swallowed Ctrl-C's fallback
                 raise KeyboardInterrupt()
 

@@ -14,7 +14,12 @@ blob        ("b", thread, ns, channel, version)              type NUL bytes (no
                                                              [ref, n, depth, digest,
                                                              type, piece] (format 3)
 write       ("w", thread, ns, checkpoint_id, task_id, idx)   WriteRecord (task_path
-                                                             in the record only)
+                                                             in the record only), or
+                                                             a batch: [task_id,
+                                                             task_path, [channel,
+                                                             type, bytes, idx, ...]]
+                                                             under its first idx
+                                                             (format 5)
 run index   ("r", run_id, thread, ns, checkpoint_id)         b""
 id index    ("g", checkpoint_id, thread, ns)                 b""
 meta index  ("m", key, value, checkpoint_id, thread, ns)     b""
@@ -50,7 +55,9 @@ format   written    difference from the next
 3        after      no checkpoint or pending write value compressed with
          0.1.0      a dictionary (type suffix ".zd1", issue #15); a version
                     without a value has an "empty" record (format 4: none)
-4        after      (current)
+4        after      every pending write a record of its own (format 5: the
+         0.1.0      regular writes of one ``put_writes`` in one record)
+5        after      (current)
          0.1.0
 =======  =========  ==========================================================
 
@@ -130,7 +137,7 @@ import ormsgpack
 from kvsaver.kv import CorruptStoreError
 from kvsaver.kv.keys import pack, prefix_range, unpack
 
-FORMAT_VERSION = 4  # 3: delta records among the blobs; 4: ".zd1" values (issue #15)
+FORMAT_VERSION = 5  # 3: delta records; 4: ".zd1" values; 5: batches of writes
 SCHEMA_KEY = pack(("meta", "schema"))
 _MAX_INLINE = 94  # escaped UTF-8 bytes; 5 inline strings + codes stay < 511
 
@@ -351,12 +358,15 @@ def write_key(thread: str, ns: str, checkpoint_id: str, task_id: str, idx: int) 
     return pack((WRITE, k(thread), k(ns), k(checkpoint_id), k(task_id), idx))
 
 
-def write_keys(
-    thread: str, ns: str, checkpoint_id: str, task_id: str, idxs: Iterable[int]
-) -> list[bytes]:
-    """``write_key`` of each idx of one task's batch: the shared elements are
-    packed once (a packed tuple is its elements' encodings, concatenated)."""
-    prefix = _thread_ns_prefix(WRITE, thread, ns) + _el(checkpoint_id) + _el(task_id)
+def task_write_prefix(thread: str, ns: str, checkpoint_id: str, task_id: str) -> bytes:
+    """The write keys of one task of one checkpoint without their idx: the
+    shared elements packed once (a packed tuple is its elements' encodings,
+    concatenated)."""
+    return _thread_ns_prefix(WRITE, thread, ns) + _el(checkpoint_id) + _el(task_id)
+
+
+def write_keys(prefix: bytes, idxs: Iterable[int]) -> list[bytes]:
+    """``write_key`` of each idx, under a ``task_write_prefix``."""
     return [prefix + _idx_element(idx) for idx in idxs]
 
 
@@ -366,6 +376,11 @@ def _idx_element(idx: int) -> bytes:
 
 
 _IDX = {i: pack((i,)) for i in range(-8, 64)}  # a task's write indexes, packed
+
+
+def task_writes_range(prefix: bytes) -> tuple[bytes, bytes]:
+    """Every write record under a ``task_write_prefix``."""
+    return prefix + b"\x00", prefix + b"\xff"  # as prefix_range
 
 
 def writes_range(
@@ -666,11 +681,76 @@ def encode_write_fields(
 
 
 def decode_write(raw: bytes) -> WriteRecord:
+    """A record of one write (every write record of a store before format 5)."""
     try:
         task_id, channel, vtype, vbytes, task_path, idx = ormsgpack.unpackb(raw)
     except (ValueError, TypeError) as e:
         raise _damaged("write", e) from e
     return _new_tuple(WriteRecord, (task_id, channel, (vtype, vbytes), task_path, idx))
+
+
+def decode_writes(raw: bytes) -> list[WriteRecord]:
+    """The writes of a write record: one, or a batch's, in idx order."""
+    try:
+        fields = ormsgpack.unpackb(raw)
+        if len(fields) == 6:
+            task_id, channel, vtype, vbytes, task_path, idx = fields
+            return [_new_tuple(WriteRecord, (task_id, channel, (vtype, vbytes), task_path, idx))]
+        task_id, task_path, flat = fields
+        return [
+            _new_tuple(
+                WriteRecord, (task_id, flat[i], (flat[i + 1], flat[i + 2]), task_path, flat[i + 3])
+            )
+            for i in range(0, len(flat), 4)
+        ]
+    except (ValueError, TypeError, IndexError) as e:
+        raise _damaged("write", e) from e
+
+
+def write_probe_keys(prefix: bytes, idxs: Iterable[int]) -> list[bytes]:
+    """The keys that may hold a stored write of one of ``idxs`` for this task:
+    each special idx's, and every regular idx's up to the largest of them (a
+    batch is keyed at its first idx, at or below each one it holds). A get
+    of them, not a scan: a network store answers the gets with the writes."""
+    special, top = [], -1
+    for i in idxs:
+        if i < 0:
+            special.append(i)
+        elif i > top:
+            top = i
+    return [prefix + _idx_element(i) for i in (*special, *range(top + 1))]
+
+
+def stored_idxs(records: Iterable[bytes | None]) -> set[int]:
+    """The idx of every write in ``records`` (None: no record)."""
+    return {w.idx for raw in records if raw is not None for w in decode_writes(raw)}
+
+
+def write_records(
+    prefix: bytes, task_id: str, task_path: str, writes: list[tuple[int, str, Typed]]
+) -> list[tuple[bytes, bytes]]:
+    """(key, record) pairs storing one task's ``writes`` ((idx, channel,
+    value), regular ones in ascending idx) under its ``task_write_prefix``:
+    the regular writes (idx >= 0) in one record under the first one's key,
+    since most are a few bytes and a record costs a key and a row; each
+    special write (negative idx) in a record of its own, which a later batch
+    of special writes replaces."""
+    out = []
+    flat: list[Any] = []
+    for idx, channel, value in writes:
+        if idx < 0:
+            record = [task_id, channel, value[0], value[1], task_path, idx]
+            out.append((prefix + _idx_element(idx), ormsgpack.packb(record)))
+        else:
+            flat += (channel, value[0], value[1], idx)
+    if flat:
+        first = prefix + _idx_element(flat[3])
+        if len(flat) == 4:  # one write: its own record
+            channel, vtype, vbytes, idx = flat
+            out.append((first, ormsgpack.packb([task_id, channel, vtype, vbytes, task_path, idx])))
+        else:
+            out.append((first, ormsgpack.packb([task_id, task_path, flat])))
+    return out
 
 
 def encode_activity(ms: int, thread: str) -> bytes:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvsaver.kv import Store, SupportsDiskUsage
+from kvsaver.kv import CorruptStoreError, Store, SupportsDiskUsage
 from kvsaver.kv.keys import pack, unpack
 
 from . import schema as S
@@ -126,6 +126,11 @@ def collect(store: Store) -> StoreStats:
                     c[3] += size
                     continue
                 legacy.add(elements[5:])
+            elif kind == S.WRITE:  # a record holds one write or a batch
+                try:
+                    c[1] += len(S.decode_writes(value)) - 1
+                except CorruptStoreError:
+                    pass  # counted as one: stats read past a damaged record
             c[slot[kind]] += 1
             c[3] += size
             if kind == S.CHECKPOINT and isinstance(kt, bytes) and kt not in names:

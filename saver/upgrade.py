@@ -82,10 +82,19 @@ def _small_dictionary_allowed(txn: Any) -> dict[str, int]:
     return {}
 
 
+def _write_batches_allowed(txn: Any) -> dict[str, int]:
+    """Format 4 -> 5: the regular writes of one ``put_writes`` may now be one
+    record (``schema.write_records``). Nothing to rewrite: a record of one
+    write reads as before; the number makes an older kvsaver refuse the
+    store rather than read a batch as a damaged write."""
+    return {}
+
+
 UPGRADES: dict[int, Callable[[Any], dict[str, int]]] = {
     1: _writes_by_task_id,
     2: _deltas_allowed,
     3: _small_dictionary_allowed,
+    4: _write_batches_allowed,
 }
 
 

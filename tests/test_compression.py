@@ -344,7 +344,8 @@ def test_saver_compresses_channel_blobs_and_writes_by_default(tmp_path: Any) -> 
         with saver.store.read() as txn:
             writes = {
                 w.channel: w.value
-                for w in (S.decode_write(v) for _, v in txn.scan(*S.keyspace_range(S.WRITE)))
+                for _, v in txn.scan(*S.keyspace_range(S.WRITE))
+                for w in S.decode_writes(v)
             }
         assert writes["big"][0] == "msgpack.zst" and writes["small"][0] == "msgpack"
         t = saver.get_tuple({"configurable": {"thread_id": "t"}})

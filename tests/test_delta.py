@@ -412,8 +412,12 @@ def test_old_format_store_reads_and_extends(tmp_path: Any) -> None:
     with KVSaver(path) as new:
         with new.store.read() as txn:
             record = S.decode_schema_record(txn.get(S.SCHEMA_KEY))
-        assert record["format"] == S.FORMAT_VERSION == 4
-        assert record["upgrades"] == [{"from": 2, "to": 3}, {"from": 3, "to": 4}]
+        assert record["format"] == S.FORMAT_VERSION == 5
+        assert record["upgrades"] == [
+            {"from": 2, "to": 3},
+            {"from": 3, "to": 4},
+            {"from": 4, "to": 5},
+        ]
         _chat(new, "t", 4, start=6, parent=last)
         assert any(_kinds(new, "t"))
         got = [t.checkpoint for t in new.list(_cfg("t"))][4:]
@@ -684,8 +688,9 @@ def _small_records(saver: KVSaver) -> dict[str, list[tuple[str, bytes, int]]]:
         for _, raw in txn.scan(*S.keyspace_range(S.CHECKPOINT)):
             out["checkpoint"].append((*S.decode_checkpoint(raw).checkpoint, 0))
         for _, raw in txn.scan(*S.keyspace_range(S.WRITE)):
-            if (w := S.decode_write(raw)).channel == "messages":
-                out["write"].append((*w.value, 0))
+            for w in S.decode_writes(raw):
+                if w.channel == "messages":
+                    out["write"].append((*w.value, 0))
         for key, raw in txn.scan(*S.keyspace_range(S.BLOB)):
             if D.is_delta(raw):
                 rec = D.decode(raw)

@@ -77,7 +77,7 @@ def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
 
 def _write_records(store) -> list[S.WriteRecord]:
     with store.read() as txn:
-        return [S.decode_write(v) for _, v in txn.scan(*prefix_range((S.WRITE,)))]
+        return [w for _, v in txn.scan(*prefix_range((S.WRITE,))) for w in S.decode_writes(v)]
 
 
 # -- the main job ------------------------------------------------------------------

@@ -321,6 +321,81 @@ def test_retried_writes_are_ignored_and_special_ones_replace(kv: KVSaver) -> Non
     ]
 
 
+def _write_records(kv: KVSaver) -> list[tuple[Any, ...]]:
+    with kv.store.read() as txn:
+        return [
+            (unpack(key)[-1], [(w.channel, w.idx) for w in S.decode_writes(raw)])
+            for key, raw in txn.scan(*S.keyspace_range(S.WRITE))
+        ]
+
+
+def test_a_tasks_regular_writes_are_one_record() -> None:
+    kv = KVSaver(":memory:")
+    kv.put(config("t"), make_checkpoint("1"), {}, {})
+    c = config("t", "", "1")
+    kv.put_writes(c, [("x", 1), ("y", 2), ("z", 3)], "task")
+    assert _write_records(kv) == [(0, [("x", 0), ("y", 1), ("z", 2)])]
+    # a retry with one more: only the new write, in a record of its own
+    kv.put_writes(c, [("x", 10), ("y", 20), ("z", 30), ("w", 40)], "task")
+    # special writes: each its own record, the last of a replacing batch wins
+    kv.put_writes(c, [(ERROR, "first"), (ERROR, "second")], "task")
+    kv.put_writes(c, [("a", 1), (INTERRUPT, "stop"), ("b", 2)], "other")
+    stop = WRITES_IDX_MAP[INTERRUPT]
+    assert _write_records(kv) == [  # key order: task "other" first
+        (stop, [(INTERRUPT, stop)]),
+        (0, [("a", 0), ("b", 2)]),
+        (WRITES_IDX_MAP[ERROR], [(ERROR, WRITES_IDX_MAP[ERROR])]),
+        (0, [("x", 0), ("y", 1), ("z", 2)]),
+        (3, [("w", 3)]),
+    ]
+    assert kv.get_tuple(c).pending_writes == [
+        ("other", INTERRUPT, "stop"),
+        ("other", "a", 1),
+        ("other", "b", 2),
+        ("task", ERROR, "second"),
+        ("task", "x", 1),
+        ("task", "y", 2),
+        ("task", "z", 3),
+        ("task", "w", 40),
+    ]
+
+
+def test_a_later_batch_filling_a_gap_reads_in_idx_order() -> None:
+    """A batch holding idx 0 and 2 (a special write took 1), then a retry
+    that adds 1 and 3: the record keyed at 1 sorts before the batch's idx 2
+    ends, and reads still come in idx order, as SqliteSaver's."""
+    kv = KVSaver(":memory:")
+    kv.put(config("t"), make_checkpoint("1"), {}, {})
+    c = config("t", "", "1")
+    kv.put_writes(c, [("a", 1), (ERROR, "boom"), ("c", 3)], "task")
+    kv.put_writes(c, [("a", 10), ("b", 20), ("c", 30), ("d", 40)], "task")
+    want = [("task", ERROR, "boom"), ("task", "a", 1), ("task", "b", 20)]
+    want += [("task", "c", 3), ("task", "d", 40)]
+    assert kv.get_tuple(c).pending_writes == want
+    assert next(iter(kv.list(c))).pending_writes == want
+
+
+def test_writes_stored_one_per_record_read_the_same() -> None:
+    """A store written before batches (format 4: a record per write) reads as
+    before, and a retry over it adds only what is missing."""
+    kv = KVSaver(":memory:")
+    kv.put(config("t"), make_checkpoint("1"), {}, {})
+    c = config("t", "", "1")
+    dumps = kv.serde.dumps_typed
+    with kv.store.write() as txn:
+        for idx, (channel, value) in enumerate([("x", 1), ("y", 2)]):
+            key = S.write_key("t", "", "1", "task", idx)
+            txn.put(key, S.encode_write_fields("task", channel, dumps(value), "", idx))
+    assert kv.get_tuple(c).pending_writes == [("task", "x", 1), ("task", "y", 2)]
+    kv.put_writes(c, [("x", 10), ("y", 20), ("z", 30)], "task")
+    assert kv.get_tuple(c).pending_writes == [
+        ("task", "x", 1),
+        ("task", "y", 2),
+        ("task", "z", 30),
+    ]
+    assert kv.stats().writes == 3
+
+
 def test_get_next_version_sorts() -> None:
     saver, ref = KVSaver(":memory:"), InMemorySaver()
     current: Any = None
@@ -652,7 +727,7 @@ _ids = st.text(max_size=40) | st.sampled_from(["", "a\x00b", "🦜", "x" * 600])
 def test_write_keys_are_write_key_of_each_idx(
     thread: str, ns: str, cid: str, task: str, idxs: list[int]
 ) -> None:
-    assert S.write_keys(thread, ns, cid, task, idxs) == [
+    assert S.write_keys(S.task_write_prefix(thread, ns, cid, task), idxs) == [
         S.write_key(thread, ns, cid, task, i) for i in idxs
     ]
 
@@ -720,7 +795,7 @@ def test_keys_built_from_parts_are_the_packed_tuples(
         assert S.blob_keys(thread, ns, {channel: version}) == [(channel, packed)]
         assert S.blob_keys(thread, ns, {channel: version}, new=True) == [(channel, packed)]
         assert S.activity_key(thread) == pack((S.ACTIVITY, S.k(thread)))
-        assert S.write_keys(thread, ns, cid, task, [0, -3, 7, 10**6]) == [
+        assert S.write_keys(S.task_write_prefix(thread, ns, cid, task), [0, -3, 7, 10**6]) == [
             pack((S.WRITE, S.k(thread), S.k(ns), S.k(cid), S.k(task), i)) for i in (0, -3, 7, 10**6)
         ]
 

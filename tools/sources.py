@@ -310,8 +310,9 @@ class KVSource(Source):
 
     def threads(self) -> list[ThreadInfo]:
         """Counts and bytes from ``stats.collect`` (one pass over the keys,
-        no decoding), activity from the activity index, and per thread its
-        namespaces and latest checkpoint by skipping along its keys."""
+        decoding only write records, which hold one write or a batch),
+        activity from the activity index, and per thread its namespaces and
+        latest checkpoint by skipping along its keys."""
         stats = ST.collect(self.saver.store)
         out = []
         for t in stats.threads:
@@ -378,7 +379,8 @@ class KVSource(Source):
             with self.saver.store.read() as txn:
                 for key, raw in txn.scan(start, stop, reverse=True):
                     rec = S.decode_checkpoint(raw)
-                    n = sum(1 for _ in txn.scan(*S.writes_range(thread, ns, rec.checkpoint_id)))
+                    writes = txn.scan(*S.writes_range(thread, ns, rec.checkpoint_id))
+                    n = sum(len(S.decode_writes(raw)) for _, raw in writes)
                     chunk.append((key, rec, n))
                     if len(chunk) == _CHUNK:
                         break
