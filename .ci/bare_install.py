@@ -103,22 +103,16 @@ def saver_roundtrip(where: str, thread: str = "t\x00\U0001f600") -> None:
 
 def extras_are_named(tmp: Path) -> None:
     from kvsaver import KVSaver
+    from kvsaver.kv import MissingDependencyError, PostgresStore
 
     url = "postgresql://nobody@127.0.0.1:1/none"
-    try:
-        KVSaver(url)
-    except ImportError as e:
-        assert "kvsaver[postgres]" in str(e), e
-    else:
-        raise AssertionError("KVSaver(postgresql://...) opened without psycopg")
-    from kvsaver.kv import PostgresStore
-
-    try:
-        PostgresStore(url)
-    except ImportError as e:
-        assert "kvsaver[postgres]" in str(e), e
-    else:
-        raise AssertionError("PostgresStore opened without psycopg")
+    for opening in (KVSaver, PostgresStore):
+        try:
+            opening(url)
+        except MissingDependencyError as e:  # an ImportError too
+            assert isinstance(e, ImportError) and "kvsaver[postgres]" in str(e), e
+        else:
+            raise AssertionError(f"{opening.__name__}(postgresql://...) opened without psycopg")
 
 
 def _sqlite_source(path: Path) -> None:

@@ -1578,6 +1578,7 @@ class PostgresStore:
 
         start = time.monotonic()
         deadline = start + self.pool_timeout
+        dead = 0
         while True:
             left = deadline - time.monotonic()
             # In slices also until this store's first connection: the reason
@@ -1585,7 +1586,17 @@ class PostgresStore:
             sliced = lingering or not self._connected
             try:
                 conn = self._pool.getconn(timeout=min(left, _POOL_SLICE) if sliced else left)
-                return self._set_up_conn(conn), False
+                try:
+                    return self._set_up_conn(conn), False
+                except StoreUnavailableError:
+                    # It died while idle in the pool (a killed session, a
+                    # restart): nothing of the caller's was sent. The pool's
+                    # other idle connections are checked, and one taken.
+                    dead += 1
+                    if dead > 2 or time.monotonic() >= deadline:
+                        raise
+                    self._pool.check()
+                    continue
             except PoolTimeout as e:
                 got = self._lingering.take() if lingering else None
                 if got is not None:

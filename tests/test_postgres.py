@@ -1216,6 +1216,27 @@ def test_a_session_killed_mid_transaction_fails_that_call_only(
         store.close()
 
 
+def test_a_connection_that_died_idle_in_the_pool_is_replaced(
+    postgres_url: str, table: str
+) -> None:
+    """Connections the pool holds idle, never used by the store, are ended by
+    the server (a killed session, a restart): the next transaction sets up
+    another instead of failing, even with retries=0, since nothing of the
+    caller's was sent."""
+    from kvsaver.kv import postgres as kvpg
+
+    store = PostgresStore(postgres_url, table=table, retries=0, min_size=3)
+    try:
+        store.transact(lambda txn: txn.put(b"a", b"1"))
+        store._pool.wait(timeout=10)  # the pool's other connections, idle, unused
+        time.sleep(3 * kvpg._LINGER)  # the one used is back in the pool, not lingering
+        _kill_sessions(postgres_url)
+        with store.read() as txn:
+            assert txn.get(b"a") == b"1"
+    finally:
+        store.close()
+
+
 def test_statement_timeout(postgres_url: str, table: str) -> None:
     store = PostgresStore(postgres_url, table=table, statement_timeout=2)
     try:
