@@ -19,18 +19,18 @@ is. Every commit costs a rewrite of the whole file: this store is for small
 state, not for long-lived production threads.
 
 Several processes (and the children of a ``fork()``) may open one file for
-writing (issue #11: they used to share one inherited lock, each rewrite the
-file from its own copy, and lose each other's puts). Every write transaction
-holds an exclusive ``flock`` on ``<path>.lock`` from its start to its commit,
-through a descriptor opened by this process (a forked child opens its own: a
-``flock`` belongs to the open file description, which ``fork()`` shares),
-and first re-reads the file when another process replaced it since this one
-last read or wrote it. A read transaction re-reads it too, so it sees every
-commit made before it began. "Replaced" is told by the file's identity
+writing. Each rewrites the file from its own copy, so without a lock of its
+own held across the transaction they would lose each other's puts. Every write
+transaction holds an exclusive ``flock`` on ``<path>.lock`` from its start to
+its commit, through a descriptor opened by this process (a forked child opens
+its own: a ``flock`` belongs to the open file description, which ``fork()``
+shares), and first re-reads the file when another process replaced it since
+this one last read or wrote it. A read transaction re-reads it too, so it sees
+every commit made before it began. "Replaced" is told by the file's identity
 (device, inode, size, mtime); the file last read stays open, so its inode
-cannot be reused by a new file that would look the same. The temporary file
-of a commit is made by ``mkstemp`` (``O_EXCL``, a random name) beside the
-store, so a planted symlink cannot redirect the write.
+cannot be reused by a new file that would look the same. The temporary file of
+a commit is made by ``mkstemp`` (``O_EXCL``, a random name) beside the store,
+so a planted symlink cannot redirect the write.
 """
 
 from __future__ import annotations
@@ -179,8 +179,7 @@ class FileStore(MemoryStore):
         body = ormsgpack.packb(flat)
         header = _HEADER.pack(MAGIC, FORMAT_VERSION, zlib.crc32(body), len(body))
         directory, name = os.path.split(self.path)
-        # mkstemp: O_EXCL and a random name, never through a planted symlink
-        # (issue #11: the name used to be "<path>.tmp.<pid>").
+        # mkstemp: O_EXCL and a random name, never through a planted symlink.
         fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
         try:
             os.fchmod(fd, self._mode())

@@ -1,12 +1,12 @@
 """A small table of times shared by every process that opens a store: one
 process says "key is wanted now", another asks "was key wanted lately?".
 
-What for (issue #13): a reader process that keeps finding a thread's latest
-checkpoint without its head record (the writer put it less than a second
-ago) marks the thread; the writer, at its next put of that thread, sees
-the mark and writes the head in the put's transaction, so the readers of a
-thread that is being written read it whole. Without a mark the writer
-leaves heads to its idle thread, which a graph's own writes prefer.
+What for: a reader process that keeps finding a thread's latest checkpoint
+without its head record (the writer put it less than a second ago) marks
+the thread; the writer, at its next put of that thread, sees the mark and
+writes the head in the put's transaction, so the readers of a thread that
+is being written read it whole. Without a mark the writer leaves heads to
+its idle thread, which a graph's own writes prefer.
 
 A hint is only ever advice: a lost, stale or colliding one costs speed,
 never data. So the table is as cheap as can be and never fails a caller:
@@ -22,8 +22,8 @@ never data. So the table is as cheap as can be and never fails a caller:
 * ``recent`` reads a copy of the table, read again (open, ``pread``,
   close) when it is older than ``_REFRESH`` seconds: the writer asks at
   every put, and a system call releases the GIL, which under load hands it
-  to another thread for a switch interval; ten a second cost nothing
-  measurable. A mark is seen within ``_REFRESH`` seconds.
+  to another thread for a switch interval, so the table is read at most
+  ten times a second. A mark is seen within ``_REFRESH`` seconds.
 
 No descriptor or mapping is kept, so nothing here can outlive a ``fork``,
 race with ``close``, or fault on a file cut short by someone else (a short

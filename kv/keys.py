@@ -169,8 +169,8 @@ def pack(t: tuple) -> bytes:
 
 class MalformedKeyError(CorruptStoreError, ValueError):
     """``unpack`` met bytes that ``pack`` never makes: read from a store, a
-    damaged store (issue #11), hence a CorruptStoreError; a ValueError as
-    for any bad input."""
+    damaged store, hence a CorruptStoreError; a ValueError as for any bad
+    input."""
 
 
 def _find_terminator(key: bytes, pos: int) -> int:

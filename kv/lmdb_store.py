@@ -121,17 +121,16 @@ _COMPACTION_WAIT_SECONDS = 60.0
 class _SharedExclusive:
     """A lock with many shared holders or one exclusive holder (writer-preferring).
 
-    Interrupt-safe (issue #11.1): the raw lock is entered with ``with`` (a
-    Condition's ``__exit__`` is Python code, where an interrupt can land before
-    it releases anything), and every change of a count happens with the
-    matching record of who holds it in one locked step without a call in
-    between, so an exception raised asynchronously (KeyboardInterrupt from a
-    signal handler) cannot separate the two; ``restore()`` then puts a
-    thread's holds back to what they were, whatever point it was interrupted
-    at. Waits sleep with the lock released and look again every
-    ``_GATE_POLL_SECONDS``: no Condition.wait, which releases and retakes the
-    lock inside ``with``, where an interrupt landing in between left ``with``
-    releasing a lock nobody held (seen in CI).
+    Interrupt-safe: the raw lock is entered with ``with`` (a Condition's
+    ``__exit__`` is Python code, where an interrupt can land before it releases
+    anything), and every change of a count happens with the matching record of
+    who holds it in one locked step without a call in between, so an exception
+    raised asynchronously (KeyboardInterrupt from a signal handler) cannot
+    separate the two; ``restore()`` then puts a thread's holds back to what
+    they were, whatever point it was interrupted at. Waits sleep with the lock
+    released and look again every ``_GATE_POLL_SECONDS``: no Condition.wait,
+    which releases and retakes the lock inside ``with``, where an interrupt
+    landing in between leaves ``with`` releasing a lock nobody holds.
     """
 
     def __init__(self) -> None:
@@ -161,7 +160,7 @@ class _SharedExclusive:
                     return
             # Waits sleep with the lock released, never Condition.wait (it
             # releases and retakes the lock inside ``with``: an interrupt in
-            # between left ``with`` releasing a lock nobody held; seen in CI).
+            # between leaves ``with`` releasing a lock nobody holds).
             time.sleep(_GATE_POLL_SECONDS)
 
     def release_shared(self) -> None:
@@ -367,9 +366,8 @@ class _Env:
         larger of the last two batches are queued, for at most as long as the
         last commit took (and _GATHER_MAX_SECONDS): a request that misses
         this batch waits that long anyway, for the next one, and costs a flush
-        of its own (half a commit left a batch of 8 writer threads short by
-        one or two about every other time: 0.83x the throughput, 1.15x the
-        CPU per operation, bench/ab_w8.py). A lone writer never waits.
+        of its own (a shorter wait often leaves a batch of many writer threads
+        short by one or two). A lone writer never waits.
 
         And only while waiting pays, learned per kind of leading request
         (its function's code: one per call site, e.g. KVSaver.put's and
@@ -379,24 +377,22 @@ class _Env:
         its kind's recent such gathers (``gains``, a moving average).
         Requests that depend on the leader's do not come: LangGraph issues a
         thread's next put only when its previous put returned, so a put
-        leading the last steps of an invoke finds nobody to wait for, and
-        waited a whole commit for each (issue #13, 10 invokes per thread: of
-        the waits a put led, 71 of 90 gained nothing, ~2.5 ms of a ~25 ms
-        invoke; of those put_writes led, 32 of 34 gained, the put of its
-        step), while in an agent loop (a put and the next step's put_writes,
-        arriving together) and with 8 writer threads nearly every wait gains
-        (bench/profile_invokes13.py). Not waiting, a gather is still watched,
-        so waiting resumes when requests come back.
+        leading the last steps of an invoke mostly finds nobody to wait for,
+        and would wait a whole commit for each; a wait that put_writes leads
+        nearly always gains (the put of its step), and so does nearly every
+        wait in an agent loop (a put and the next step's put_writes, arriving
+        together) and with many writer threads. Not waiting, a gather is
+        still watched, so waiting resumes when requests come back.
 
         The request that fills the batch wakes the leader (``gatherer``,
-        released in LMDBStore._group_commit): no polling, whose sleeps each
-        gave the GIL to the writers preparing their requests and then waited
-        to get it back (issue #13). The wait is a lock created held, as a
-        request's ``wake``: not Condition.wait, which releases and retakes its
-        lock inside the caller's ``with`` block, where an interrupt landing
-        between the two (seen in CI) left ``with`` releasing a lock nobody
-        held. A wake-up lost to an interrupt only ends the wait at its
-        timeout; a stale ``gatherer`` is replaced by the next gather."""
+        released in LMDBStore._group_commit): no polling, whose sleeps would
+        each give the GIL to the writers preparing their requests and then wait
+        to get it back. The wait is a lock created held, as a request's
+        ``wake``: not Condition.wait, which releases and retakes its lock
+        inside the caller's ``with`` block, where an interrupt landing between
+        the two leaves ``with`` releasing a lock nobody holds. A wake-up lost
+        to an interrupt only ends the wait at its timeout; a stale ``gatherer``
+        is replaced by the next gather."""
         waker = None
         limit = min(_GATHER_MAX_SECONDS, self.commit_seconds)
         now = time.monotonic()
@@ -464,20 +460,20 @@ class _Env:
     def last_txnid(self) -> int:
         """The newest meta page's transaction id, as ``env.info()`` gives it,
         read from our own map of the two meta pages: ``info()`` releases the
-        GIL, so an event loop reading inline (aget_tuple) gave it away at every
-        read to threads that then kept it for a switch interval (5 ms); and it
-        builds a dict (issue #13). The same bytes info() reads, through the
-        same page cache, so the same value whenever LMDB's own would be."""
+        GIL, so an event loop reading inline (aget_tuple) would give it away at
+        every read to threads that then keep it for a switch interval; and it
+        builds a dict. The same bytes info() reads, through the same page
+        cache, so the same value whenever LMDB's own would be."""
         a, b = self.txnids(self.metas, _TXNID_AT)
         return a if a > b else b
 
     def used_by_meta(self) -> int:
         """Bytes in use (``env.info()``'s ``last_pgno`` + 1 pages), read from
         our map of the meta pages as ``last_txnid`` is: info() releases the
-        GIL, and every write asked it (zero_ahead), so a committing leader
-        gave the GIL to the writer threads preparing their next request and
-        waited to get it back (issue #13, 8 writer threads). The newest meta
-        page, picked as LMDB picks it (``mdb_env_pick_meta``)."""
+        GIL, and every write needs this (zero_ahead), so a committing leader
+        would give the GIL to the writer threads preparing their next request
+        and wait to get it back. The newest meta page, picked as LMDB picks
+        it (``mdb_env_pick_meta``)."""
         m, at, ps = self.metas, _TXNID_AT, self.psize
         newer = _TXNID.unpack_from(m, at)[0] < _TXNID.unpack_from(m, ps + at)[0]
         return (_TXNID.unpack_from(m, ps * newer + _LAST_PG_AT)[0] + 1) * ps
@@ -597,8 +593,8 @@ class _Env:
             self.headroom_skips -= 1
             return
         # Not sizes(): env.info() releases the GIL, and at every write that
-        # was a hand-off to the threads preparing their next request (as in
-        # zero_ahead, issue #13); the meta pages and mapsize say the same.
+        # would be a hand-off to the threads preparing their next request (as
+        # in zero_ahead); the meta pages and mapsize say the same.
         used, size = self.used_by_meta(), self.mapsize
         self.check_readers(used)
         cap = self.options["max_size"]
@@ -609,17 +605,16 @@ class _Env:
 
     def check_readers(self, used: int) -> None:
         """Clear dead readers' slots when the data in use grew by an eighth
-        (at least _READER_CHECK_GROWTH) since the last check (issue #11.2).
+        (at least _READER_CHECK_GROWTH) since the last check.
 
         A reader killed inside a read transaction (OOM killer, a worker
         timeout) leaves its slot, and the snapshot it names keeps every page
         freed after it from being reused: a long-running writer's store
         would grow without bound. LMDB clears such slots only when asked
-        (``reader_check``: one lock probe per reader process, 15 µs with four
-        of them), so ask whenever the file had to grow: each write where
-        commits sync (zero_ahead knows the size anyway), every
-        _HEADROOM_SKIPS + 1 writes otherwise, and before refusing a write at
-        the size cap (grow())."""
+        (``reader_check``: one lock probe per reader process), so ask whenever
+        the file had to grow: each write where commits sync (zero_ahead knows
+        the size anyway), every _HEADROOM_SKIPS + 1 writes otherwise, and
+        before refusing a write at the size cap (grow())."""
         if used >= self.readers_checked_at + max(
             _READER_CHECK_GROWTH, self.readers_checked_at // 8
         ):
@@ -632,9 +627,7 @@ class _Env:
         A commit whose pages extend the file (every commit of a growing
         store: checkpoints accumulate) makes ``fdatasync`` also commit the
         filesystem's block allocation and size change, which on ext4 costs
-        about as much again as flushing the data (measured: 340-450 µs
-        against 205 µs for 3 pages; a raw LMDB commit of a put 0.9-1.1 ms
-        against 0.5-0.6 ms into a zeroed file). So the file is kept written
+        about as much again as flushing the data. So the file is kept written
         ahead: zeros, which LMDB overwrites in place, as PostgreSQL zeroes a
         WAL segment before use. ``fallocate`` would not do: it leaves
         unwritten extents, whose first write is an allocation again.
@@ -733,21 +726,21 @@ class _Env:
         N+2 (which overwrites that slot) copies N+2's roots: its snapshot is
         newer than N, and a read that starts a moment later, while N+2's
         writer is between writing its meta page and publishing N+2, gets N+1,
-        so a thread could see the store go back in time (measured: about 3 in
-        a million reads against a busy writer). Overwriting slot N % 2 needs
-        N+1 published first, so when no meta page newer than N exists after
-        the copy, the copy was N's. The pages of a too-new snapshot are safe
-        meanwhile (LMDB keeps every page a reader of N may see).
+        so a thread could see the store go back in time (rarely, against a
+        busy writer). Overwriting slot N % 2 needs N+1 published first, so
+        when no meta page newer than N exists after the copy, the copy was
+        N's. The pages of a too-new snapshot are safe meanwhile (LMDB keeps
+        every page a reader of N may see).
 
         A newer meta page is nearly always N+1's, written but not yet
         published: at durability "full" its writer holds it so for a whole
-        device flush (LMDB writes the meta page through a synchronous fd,
-        then publishes), and re-beginning until then cost every read that
-        began in that window 32 begins (issue #13: a third of the reads
-        beside a busy writer). So the probe is a second begin: it reads the
-        published id after our copy, and if that is still N, N+1 was not
-        published before the copy, so N+2's meta page was not begun: the copy
-        was N's. Otherwise the probe is the next candidate. A writer
+        device flush (LMDB writes the meta page through a synchronous fd, then
+        publishes), and re-beginning until then would cost every read that
+        begins in that window up to ``_SETTLE_TRIES`` begins, and beside a busy
+        writer many reads begin in that window. So the probe is a second begin:
+        it reads the published id after our copy, and if that is still N, N+1
+        was not published before the copy, so N+2's meta page was not begun:
+        the copy was N's. Otherwise the probe is the next candidate. A writer
         publishing faster than we can begin falls back, after
         ``_SETTLE_TRIES``, to accepting a meta page one newer than the id."""
         attempt = 0
@@ -853,8 +846,8 @@ _REGISTRY_LOCK = threading.Lock()
 
 _FORK_WAIT_SECONDS = 5.0
 # This process's id, kept by _after_fork_child: the fast checks of every read
-# and write compare it with the id an environment was opened in, where
-# os.getpid() (a system call) took 3% of the GIL time of 8 writer threads.
+# and write compare it with the id an environment was opened in, instead of
+# calling os.getpid() (a system call) at every transaction.
 _PID = os.getpid()
 
 
@@ -937,13 +930,11 @@ class _LMDBTxn:
         first use (``_cur``; None again whenever ``_txn`` is replaced).
         A positioned cursor looks for a key on its current leaf page before
         descending from the root (LMDB's MDB_SET), and the keys a checkpoint
-        reads or writes are mostly neighbours: 12 adjacent gets of a
-        200,000-key store take ~2 µs less than through ``Transaction.get``.
+        reads or writes are mostly neighbours, so most gets skip the descent.
         py-lmdb lets go of the GIL around every LMDB call, so the shorter
         call also gives the threads around it less chance to take the GIL
-        meanwhile (issue #13, 32 conversations on one event loop: 0.90x-0.96x
-        the overhead in four A/B runs; bench/ab_cursor13.py). A lone ``get``
-        (a head's) makes no cursor: one costs ~0.4 µs more than it saves."""
+        meanwhile. A lone ``get`` (a head's) makes no cursor: making one
+        costs more than it saves."""
         cur = self._cur
         if cur is None:
             cur = self._cur = self._txn.cursor()
@@ -1032,7 +1023,7 @@ _new_txn = object.__new__
 
 class _ReadContext:
     """``LMDBStore.read()``: a class rather than a ``@contextmanager``
-    generator, which costs several microseconds more on every read."""
+    generator, which is slower to enter and leave, and every read enters one."""
 
     __slots__ = ("_env", "_store", "_txn")
 
@@ -1052,7 +1043,7 @@ class _ReadContext:
         except BaseException:
             gate.restore(held)  # exact, wherever an interrupt landed
             raise
-        # The read wrapper built without __init__'s call (issue #13: every read).
+        # The read wrapper built without __init__'s call: every read makes one.
         wrapper = _new_txn(_LMDBTxn)
         wrapper._store, wrapper._env, wrapper._txn = store, env, self._txn
         wrapper._write, wrapper._log, wrapper._cur = False, None, None
@@ -1091,7 +1082,7 @@ def _seek(
     range at the other end: forward, the first key >= start; reverse, the
     last key < stop. False when there is no such key."""
     # A bound LMDB takes as it is (every scan of ours, every get_tuple of a
-    # latest checkpoint and every pending-writes read: issue #13): one call.
+    # latest checkpoint and every pending-writes read): one call.
     if not reverse:
         if start is not None and 0 < len(start) <= max_key:
             return bool(cur.set_range(start))
@@ -1125,8 +1116,8 @@ def _scan(
         if not _seek(cur, max_key, start, stop, reverse):
             return
         # py-lmdb's own iterators (the current pair first, then a pair per C
-        # call), checked against the far bound only (issue #13: a
-        # checkpoint's pending writes, a list).
+        # call), checked against the far bound only: a checkpoint's pending
+        # writes are read this way, as a list.
         if reverse:
             for key, value in cur.iterprev():
                 if start is not None and key < start:
@@ -1295,7 +1286,7 @@ class LMDBStore:
                     env.writer = None
         except BaseException as e:
             if not isinstance(e, Exception):
-                # Interrupted (issue #11.1), maybe between two steps above:
+                # Interrupted, maybe between two steps above:
                 # end the transaction, give back the gate, and drop what the
                 # interrupted frames still hold (see _drop_orphans).
                 if wrapper is not None:
@@ -1556,7 +1547,7 @@ class LMDBStore:
         return f"LMDBStore({self.path!r}, readonly={self.readonly}, durability={self.durability!r})"
 
 
-# LMDB finding a damaged page: the store is corrupt (issue #11), not a bug of ours.
+# LMDB finding a damaged page: the store is corrupt, not a bug of ours.
 _DAMAGE = (lmdb.CorruptedError, lmdb.PageNotFoundError)
 
 
@@ -1635,14 +1626,14 @@ _NO_PAGE = (1 << 64) - 1  # P_INVALID: the root of an empty DB
 
 def _check_data_file(path: str) -> None:
     """Raise CorruptStoreError naming ``path/data.mdb`` if it cannot be the
-    file its meta pages describe (issue #11.4). LMDB maps the file and reads
-    pages through the map: a page past the end of a truncated file kills the
-    process with SIGBUS, no exception. So the meta pages are read with
-    ``pread`` first, and the newest one (the larger transaction id, as LMDB
-    picks it) must have its last page inside the file and its roots at or
-    below its last page. A problem is confirmed by reading again (a meta page
-    read while another process writes it may be torn). Nothing is checked
-    for a missing file."""
+    file its meta pages describe. LMDB maps the file and reads pages through
+    the map: a page past the end of a truncated file kills the process with
+    SIGBUS, no exception. So the meta pages are read with ``pread`` first,
+    and the newest one (the larger transaction id, as LMDB picks it) must
+    have its last page inside the file and its roots at or below its last
+    page. A problem is confirmed by reading again (a meta page read while
+    another process writes it may be torn). Nothing is checked for a missing
+    file."""
     data = os.path.join(path, "data.mdb")
     problem = None
     for attempt in range(3):
@@ -1718,8 +1709,8 @@ def _identity(path: str) -> tuple[int, int] | None:
 
 def _registered(key: str) -> _Env | None:
     """The environment this process has open on directory ``key``, unless
-    its data file was deleted or replaced since (issue #11.3: a notebook or a
-    test fixture runs ``shutil.rmtree(path)`` and opens ``path`` again while
+    its data file was deleted or replaced since (a notebook or a test
+    fixture runs ``shutil.rmtree(path)`` and opens ``path`` again while
     an old store is still open). Reusing it would serve the deleted files,
     and every write would vanish; so it is marked stale (its stores raise
     StoreClosedError from then on) and forgotten, and the caller opens the
@@ -1889,9 +1880,8 @@ def _rebuild(path: str, tmp: str, size: int, progress: Callable[[int, int], None
     B-tree's pages as they are, and pages filled by ordered inserts are about
     half full (LMDB splits a full page in the middle). Appending in key order
     fills every leaf page, so the copy is close to the size of the records
-    themselves: on a store of short chat threads after deleting 90% of them,
-    1.37x the live bytes instead of 1.85x (values above ~2 KB still occupy
-    whole overflow pages; that rounding is LMDB's, and no copy removes it).
+    themselves (values above ~2 KB still occupy whole overflow pages; that
+    rounding is LMDB's, and no copy removes it).
 
     No lock files on either side: nobody else has the source open (checked by
     the caller) and nobody knows the temporary file.

@@ -104,7 +104,7 @@ class _MemTxn:
         if self._overlay:
             return [self.get(k) for k in keys]
         # A reader, or a writer that wrote nothing yet (a put's reads come
-        # first): one check, then plain lookups (issue #13).
+        # first): one check, then plain lookups.
         self._check()
         get = self._data.get
         return [get(k) for k in keys]
@@ -260,8 +260,8 @@ class MemoryStore:
     def transact(self, fn: Callable[[Any], T]) -> T:
         """Run ``fn(txn)`` in a write transaction and return its result
         (no group commit here: a commit costs no sync). ``write()``'s steps
-        without its generator: every put and put_writes of a
-        ``KVSaver(":memory:")`` comes here (issue #13, the CPU rows)."""
+        without its generator, because every put and put_writes of a
+        ``KVSaver(":memory:")`` comes here."""
         self._check_writable()
         with self._write_lock:
             self._writer = threading.get_ident()

@@ -1,4 +1,4 @@
-"""``PostgresStore``: the ``Store`` protocol on one PostgreSQL table (issue #14).
+"""``PostgresStore``: the ``Store`` protocol on one PostgreSQL table.
 
 For applications deployed on several machines: every instance opens the same
 table on a shared server. One table of ordered byte keys::
@@ -38,18 +38,16 @@ Round trips (what a network costs; counted by tests/test_postgres.py)
     of a round trip before the commit (reads, scans, a guard, buffered
     writes) are named prepared statements too, sent with ``BEGIN`` in one
     libpq pipeline (``_exchange``), each prepared in that same pipeline the
-    first time a connection needs it: the server neither parses nor plans
-    them again (issue #14: pg_stat_statements counted 30-50 us of planning
-    per read statement; server time per get_tuple 179 -> 41 us, per
-    list(limit=10) 1455 -> 314 us); so are the statements that commit a
-    transaction (with ``prepare=False``, psycopg's pipeline). ``BEGIN``
-    is pipelined with the first statement. A connection is not given back
-    to the pool after a transaction that went well: it lingers for the
-    store's next one (a write's session idle, a read's still in its
+    first time a connection needs it: the server neither parses nor plans them
+    again, and planning is a large part of a short read's server time; so are
+    the statements that commit a transaction (with ``prepare=False``, psycopg's
+    pipeline). ``BEGIN`` is pipelined with the first statement. A connection is
+    not given back to the pool after a transaction that went well: it lingers
+    for the store's next one (a write's session idle, a read's still in its
     snapshot, whose ``ROLLBACK`` goes in the first round trip of that next
-    transaction), and a reaper thread gives it back after ``_LINGER``
-    seconds unused (rolling a read back first), so no session stays idle in
-    a transaction for long.
+    transaction), and a reaper thread gives it back after ``_LINGER`` seconds
+    unused (rolling a read back first), so no session stays idle in a
+    transaction for long.
     A scan's first chunk is queued and sent with the next round trip (so a
     scan followed by ``get_many`` costs one). Point reads are remembered for
     the rest of the transaction
@@ -192,7 +190,7 @@ def _psycopg() -> Any:
 
 
 # What the hot paths use of psycopg, imported once (an import statement in a
-# function costs ~1 us a name, at every put and read); libpq's result
+# function looks every name up again, at every put and read); libpq's result
 # statuses (PGRES_*).
 _LIB: dict[str, Any] = {}
 _COMMAND_OK, _TUPLES_OK, _FATAL_ERROR, _PIPELINE_SYNC = 1, 2, 7, 10
@@ -266,10 +264,10 @@ class _Queries:
         # packets and wake-ups): its id, the guard, then the upserts, which
         # run only when the guard passed. Its deletes follow it in the same
         # pipeline and transaction (_delete_statements), not in it: a DELETE
-        # of no key in it cost ~150 us of the server's time at every put
-        # (issue #14; the generic plan of ``key = ANY``, see get_many). A
-        # named prepared statement of ours (see _PGTxn._exec_prepared); its
-        # name is the table's, so stores of one table on one pool share it.
+        # of no key in it would still cost the server time at every put (the
+        # generic plan of ``key = ANY``, see get_many). A named prepared
+        # statement of ours (see _PGTxn._exec_prepared); its name is the
+        # table's, so stores of one table on one pool share it.
         self.write_all = self._stmt(
             "wk",
             "WITH g AS MATERIALIZED (SELECT txid_current() AS xid, " + check + " AS ok), "
@@ -431,14 +429,13 @@ def _exchange(conn: Any, items: Sequence[tuple[Any, Any]]) -> list[_Rows]:
     """Send ``items`` (statement, parameters) in one libpq pipeline ending in
     one Sync: one round trip, and read every result. A ``_Stmt`` is sent as
     a named prepared statement (Bind/Execute, no parsing or planning on the
-    server), preceded in the same pipeline by its Parse where this
-    connection does not have it yet (issue #14: planning cost the server
-    ~150 us per statement); anything else (BEGIN, ROLLBACK, ...) is sent
-    unnamed, without parameters. Results are binary. The first error is
-    raised (as psycopg raises it) once the whole pipeline has been read, so
-    the connection is left ready for the next statement; when the server
-    reports one of ours unknown (deallocated behind our back), every name of
-    the connection is forgotten, to be prepared again next time."""
+    server), preceded in the same pipeline by its Parse where this connection
+    does not have it yet; anything else (BEGIN, ROLLBACK, ...) is sent unnamed,
+    without parameters. Results are binary. The first error is raised (as
+    psycopg raises it) once the whole pipeline has been read, so the connection
+    is left ready for the next statement; when the server reports one of ours
+    unknown (deallocated behind our back), every name of the connection is
+    forgotten, to be prepared again next time."""
     lib = _LIB
     pgconn = conn.pgconn
     names = _prepared_names(conn)
@@ -1122,13 +1119,11 @@ class _PGTxn:
     def _exec_prepared(self, params: Sequence[Any]) -> list[tuple[int]]:
         """The write-only statement, prepared on this connection already (see
         _commit), as a server-side prepared statement of our own, parsed and
-        planned once per connection as PostgresSaver's statements are
-        (planning it took ~150 us of the server's time at every put and
-        put_writes: issue #14, pg_stat_statements): no pipeline, the least
-        client CPU. A statement the server no longer has (a pool's reset,
-        DEALLOCATE ALL) failed before running, so nothing is applied twice:
-        it is prepared again and sent once more. The rows: the transaction's
-        id."""
+        planned once per connection as PostgresSaver's statements are (not at
+        every put and put_writes): no pipeline, the least client CPU. A
+        statement the server no longer has (a pool's reset, DEALLOCATE ALL)
+        failed before running, so nothing is applied twice: it is prepared
+        again and sent once more. The rows: the transaction's id."""
         stmt = self._q.write_all
         conn = self._conn
         pgconn = conn.pgconn
@@ -1715,7 +1710,7 @@ class PostgresStore:
         # back to the pool: a read leaves its ROLLBACK to that transaction's
         # first round trip (one round trip less per read). So does a write's
         # (its session idle), on the store's own pool: the pool's getconn and
-        # putconn are skipped (issue #14: ~20 us of a put's client CPU); a
+        # putconn, a noticeable part of a put's client CPU, are skipped; a
         # pool passed in, perhaps shared, gets it back at once.
         if not txn._write and not txn.lost and txn.failed is None and not txn._queue:
             txn._open = False
@@ -1841,10 +1836,10 @@ class PostgresStore:
         rolls back its changes and reaches the caller. ``fn`` must act only
         through ``txn``, and may run more than once.
 
-        Group commit (issue #14: a graph's put_writes and put of one step
-        come at once from two threads, and waited for each other's commit
-        half the time): calls made while another thread's transaction is
-        running are queued, and the next leader runs all of them in one
+        Group commit (a graph's put_writes and put of one step come at once
+        from two threads, which would otherwise often wait for each other's
+        commit): calls made while another thread's transaction is running
+        are queued, and the next leader runs all of them in one
         transaction, one after the other (each sees the changes of those
         before it), and commits them with one round trip and one WAL flush.
         A function that raises undoes only its own changes (they are still
@@ -2258,8 +2253,8 @@ class _Lingering:
     def _reap(self) -> None:
         # Ends when nothing lingers and nothing was added since the last
         # check: a store in steady use has its connection out during each
-        # transaction, so a reaper that ended whenever nothing lingered was
-        # started again at the next transaction, four times a second.
+        # transaction, so a reaper that ended whenever nothing lingered would
+        # be started again at nearly every transaction.
         while True:
             time.sleep(_LINGER / 2)
             old = self.drain(time.monotonic() - _LINGER)
@@ -2300,9 +2295,10 @@ class _DeadConn:
 def _own_result(results: Sequence[Any], conn: Any) -> Any:
     """The result of the statement just sent: the last one. Results before
     it belong to statements sent earlier and not read yet (a lingering
-    read's ROLLBACK, sent by the reaper while this connection was idle): seen
-    under two processes writing at once as "too many values to unpack". One
-    of those that failed fails this call too (it is not ours to ignore)."""
+    read's ROLLBACK, sent by the reaper while this connection was idle), as
+    happens with two processes writing at once; taking the first result then
+    fails (e.g. "too many values to unpack"). One of those that failed fails
+    this call too (it is not ours to ignore)."""
     from psycopg import errors, pq
 
     for res in results[:-1]:

@@ -1,6 +1,6 @@
 """What differs between the langgraph-checkpoint releases kvsaver supports.
 
-pyproject allows ``langgraph-checkpoint>=4.0`` (issue #12.2); newer releases
+pyproject allows ``langgraph-checkpoint>=4.0``; newer releases
 added names that older ones lack, so they are imported here, guarded, and
 nowhere else:
 

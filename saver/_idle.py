@@ -1,5 +1,5 @@
 """Work done for a key once it has been left alone for a while, in one
-background thread (issue #13: the head records of threads gone idle).
+background thread (the head records of threads gone idle).
 
 ``IdleWork(delay, action, owner)``: ``note(key)`` at each change of
 ``key``; once no change came for ``delay`` seconds, ``action(owner, keys)``
@@ -13,8 +13,8 @@ thread, and ``close(flush=True)`` runs what waits first. A key noted
 again before its turn waits ``delay`` from that note.
 
 ``note`` is on the path of every ``put``, so it takes no lock a
-``KeyboardInterrupt`` could leave held (issue #11.1: a put interrupted
-anywhere never hangs a later one): it only sets the key's time in an
+``KeyboardInterrupt`` could leave held (a put interrupted anywhere never
+hangs a later one): it only sets the key's time in an
 ``OrderedDict`` (single C calls, atomic under the GIL), and starts the
 thread once, behind a lock it only ever tries. The thread is not woken by
 notes: it looks again after ``delay`` when nothing waits, so a key is done

@@ -27,44 +27,43 @@ default), keyed by the compressed bytes themselves, so it can never return
 stale data: the same stored bytes always decompress to the same value. Its
 use is the read of a thread's latest checkpoint, which every ``invoke`` and
 ``get_state`` repeats, mostly with the same channel blobs as the last time:
-it skips their zstd decompression (12-15 µs for a 7 KB message list here,
-5 µs even for a small one). ``dumps_typed`` fills it too, so the read that
+it skips their zstd decompression, which costs a read even for a small
+value. ``dumps_typed`` fills it too, so the read that
 follows a ``put`` is a hit; a value read, not written, here is kept from
 its second read on (a scan of history read once does not flush it).
 RocksDB's block cache keeps uncompressed blocks for the same reason. Only
 the bytes are cached, never the loaded objects (callers own and may mutate
 those).
 
-Why 2 KiB, not less (issue #13): decompressing a zstd frame has a fixed cost
-of several microseconds whatever its size (3.8 µs for a 524-byte value here,
-against 0.4 µs to unpack it), and a checkpoint read loads every channel. A
-read of a 10-channel, 13 KB checkpoint whose nine small values and record
-were compressed spent most of its time in those frames; a value under 2 KiB
-saves at most a kilobyte or so when compressed, while the bytes on disk come
-from the large values (a growing message list), which are still compressed.
+Why 2 KiB, not less: decompressing a zstd frame has a fixed cost whatever
+its size (for a small value, several times what unpacking it costs), and a
+checkpoint read loads every channel. A read of a checkpoint whose many small
+values and record are compressed spends most of its time in those frames;
+a value under 2 KiB saves at most a kilobyte or so when compressed, while
+the bytes on disk come from the large values (a growing message list),
+which are still compressed.
 
-Small values with a dictionary (issue #15): a checkpoint record's checkpoint
-(its channel versions, ``versions_seen``) and a pending write's value are a
-few hundred bytes each, under the 2 KiB threshold, yet they were most of a
-long chat's store once message lists were stored as deltas. Alone, zstd
-has too little history in 500 bytes to find much; with a fixed dictionary of
-what such values share (LangGraph's checkpoint keys, zero-padded versions,
-LangChain messages' class paths and field names: ``SMALL_DICT``), measured on
-``bench/bench_long_chat.py``'s store, a checkpoint of 572 bytes becomes 180
-and a message of 480 bytes 234 (zstd without it: 284 and 333).
+Small values with a dictionary: a checkpoint record's checkpoint (its
+channel versions, ``versions_seen``) and a pending write's value are a few
+hundred bytes each, under the 2 KiB threshold, yet they are most of a long
+chat's store once message lists are stored as deltas. Alone, zstd has too
+little history in a few hundred bytes to find much; with a fixed dictionary
+of what such values share (LangGraph's checkpoint keys, zero-padded
+versions, LangChain messages' class paths and field names: ``SMALL_DICT``)
+it makes checkpoints and messages much smaller than zstd alone does.
 ``compress_small`` does this for values from ``SMALL_MIN`` bytes up to the
 threshold, marked ``".zd1"`` (dictionary 1). The saver uses it for
 checkpoints, pending writes, delta pieces and the graph's input, not for
 channel values in general (a read loads every channel: see "Why 2 KiB"):
-what it costs a read is one frame per checkpoint decoded, 3.6-4.4 µs of CPU
-(a zstd dictionary trained on generic samples decompresses in about half
-that, but stores messages larger; the raw dictionary is simpler to explain
-and to keep). The dictionary's bytes are part of the format: never edit it
-(a test pins its digest); another one would be ``".zd2"``.
+what it costs a read is one frame per checkpoint decoded (a zstd dictionary
+trained on generic samples decompresses faster, but stores messages larger;
+the raw dictionary is simpler to explain and to keep). The dictionary's
+bytes are part of the format: never edit it (a test pins its digest);
+another one would be ``".zd2"``.
 
-zstandard, not zlib (measured on 58 KB of msgpack'd chat messages): zstd
-level 1 makes 0.28 of it in 0.27 ms, zlib's fastest level 0.31 in 0.72 ms, and
-zlib's default level is slower still; zstd also decompresses several times
+zstandard, not zlib: on msgpack'd chat messages zstd level 1 compresses
+smaller than zlib's fastest level in well under half the time, and zlib's
+default level is slower still; zstd also decompresses several times
 faster, and its frame records the content size, so decompression allocates
 once.
 """
@@ -110,7 +109,7 @@ logger = logging.getLogger(__name__)
 SUFFIX = ".zst"
 DEFAULT_THRESHOLD = 2048  # bytes; see "Why 2 KiB" in the module docstring
 # Level 1, not zstd's default 3: on checkpoint data (msgpack of chat messages)
-# 3 compresses only ~1% smaller and takes ~20% longer, and every superstep
+# 3 compresses barely smaller and takes noticeably longer, and every superstep
 # compresses the whole of each changed channel again.
 DEFAULT_LEVEL = 1
 DEFAULT_CACHE_BYTES = 8 << 20
@@ -189,8 +188,8 @@ class _Inflated:
     within the last ``_SEEN_MAX`` misses (``add(..., read=True)``). A stream
     of reads that never come back (a ``list`` of history, another process's
     threads read once) then does not evict what is reused, nor keep every
-    value it decompressed alive: measured on ``list(None, filter)`` over
-    1,000 threads, keeping each read cost ~8% of the read (issue #13)."""
+    value it decompressed alive, which would add an insertion and evictions
+    to each of its reads."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -273,9 +272,9 @@ class CompressingSerializer(SerializerProtocol):
         # zstd contexts must not be shared by concurrent threads (async
         # methods run in worker threads): one pair per thread.
         self._local = threading.local()
-        # Compressors are lent from a pool instead (issue #13): LangGraph
-        # writes checkpoints from worker threads that live for one invoke,
-        # and a new context costs several compressions (~50 µs).
+        # Compressors are lent from a pool instead: LangGraph writes
+        # checkpoints from worker threads that live for one invoke, and a
+        # new context costs as much as several compressions.
         self._compressors: list[zstandard.ZstdCompressor] = []
         self._dict_compressors: list[zstandard.ZstdCompressor] = []
         self._loader: tuple[Any, Callable[[tuple[str, bytes]], Any], Any] | None = None  # loader()
@@ -319,9 +318,9 @@ class CompressingSerializer(SerializerProtocol):
         """``compress_typed``, and below the threshold (from ``SMALL_MIN``
         bytes) zstd with ``SMALL_DICT`` when it saves 1/16 (``".zd1"``).
         ``remember=False``: the frame is not put in the cache of decompressed
-        values, for bytes no read looks up there soon (issue #13: a delta
-        piece is read through ``delta``'s own cache, a pending write only when
-        its checkpoint is resumed), so a put does not pay the cache's lock,
+        values, for bytes no read looks up there soon (a delta piece is read
+        through ``delta``'s own cache, a pending write only when its
+        checkpoint is resumed), so a put does not pay the cache's lock,
         insertion and evictions for nothing."""
         if self.threshold is None or len(data) >= self.threshold or len(data) < SMALL_MIN:
             return self.compress_typed(typ, data)
@@ -339,7 +338,7 @@ class CompressingSerializer(SerializerProtocol):
         try:
             return self.serde.loads_typed((typ, raw))
         except NotImplementedError as e:  # "Unknown serialization type"
-            if "+" in typ:  # EncryptedSerializer's "<type>+<cipher>" (issue #12.4)
+            if "+" in typ:  # EncryptedSerializer's "<type>+<cipher>"
                 raise EncryptedValueError(typ) from e
             raise
 
@@ -401,7 +400,7 @@ class CompressingSerializer(SerializerProtocol):
 def loader(serde: SerializerProtocol) -> Callable[[tuple[str, bytes]], Any]:
     """``serde.loads_typed``, or an equivalent that takes the default stack's
     layers in one call: a checkpoint read loads a dozen values, and each
-    went through this wrapper and ``JsonPlusSerializer.loads_typed`` (type
+    would go through this wrapper and ``JsonPlusSerializer.loads_typed`` (type
     checks, a tuple rebuilt) before reaching ``ormsgpack.unpackb``. For
     ``CompressingSerializer(JsonPlusSerializer)`` exactly (not a subclass,
     no encryption), "msgpack", "msgpack.zst" and "msgpack.zd1" values are unpacked here the
@@ -418,7 +417,7 @@ def loader(serde: SerializerProtocol) -> Callable[[tuple[str, bytes]], Any]:
     fast = serde._loader
     if fast is not None and fast[0] is stock:
         return fast[1]
-    # Messages built with less Python, the same objects (issue #15), unless
+    # Messages built with less Python, the same objects, unless
     # the hook is the user's own (``__unpack_ext_hook__``): it decides alone.
     custom = getattr(inner, "_custom_unpack_ext_hook", True)
     hook = stock if custom else fast_hook(stock)
@@ -451,7 +450,7 @@ class ValueReaders(NamedTuple):
     ``unpackb(raw, ext_hook=ext_hook, option=option)``, exactly as ``loads``
     loads ``("msgpack", raw)``; ``inflate`` turns a ``".zst"`` value's bytes
     into its msgpack bytes. Called inline, not through a wrapper function:
-    a call frame per value was a tenth of loading a small one (issue #13)."""
+    a call frame per value is a noticeable part of loading a small one."""
 
     unpackb: Callable[..., Any]
     ext_hook: Callable[..., Any]
@@ -464,7 +463,7 @@ def value_readers(serde: SerializerProtocol) -> ValueReaders | None:
     when it has none. For a reader that finds the type in its own record (a
     channel value's, ``delta.Codec.values``): it skips the (type, bytes)
     tuple, a call and the type switch per value, a dozen per checkpoint
-    read (issue #13)."""
+    read."""
     loads = loader(serde)
     fast = serde._loader if isinstance(serde, CompressingSerializer) else None
     if fast is None or fast[1] is not loads:

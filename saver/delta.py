@@ -1,4 +1,4 @@
-"""Delta storage of append-only channel values (issue #15).
+"""Delta storage of append-only channel values.
 
 A message history (``add_messages``) or any list channel that only grows
 gains an element or two per step, yet a checkpointer that stores every new
@@ -41,8 +41,8 @@ followed by the msgpack array ``[ref, n, depth, digest, type, piece]``:
   bytes, with no risk of serving another thread's or an older store's value;
 - ``type``, ``piece``: the appended elements' bytes after the outer layers,
   as any value: zstd when that pays (``.zd1``: with the built-in dictionary
-  of message bytes, ``compression.SMALL_DICT``, since format 4; ``.zst``
-  before, and for pieces of 2 KiB or more), then the cipher of an
+  of message bytes, ``compression.SMALL_DICT``, from format 4; ``.zst`` in
+  format 3, and for pieces of 2 KiB or more), then the cipher of an
   ``EncryptedSerializer`` (``+aes``). The delta is taken before either.
 
 The reference and the count are in the clear (as the key's versions are), so
@@ -58,47 +58,36 @@ bytes, rewrites whole any target-only blob whose chain goes through it
 with a different value. Forks share their base: two branches that extend the
 same version both reference it.
 
-**Long steps (issue #15).** A read that no cache helps (another process)
-walks the chain: per piece a record decoded, a key built, a zstd frame
-decompressed, ~15 µs in Python, 0.7 ms of a depth-47 chain once the
-messages' decode got cheaper (``saver/messages.py``). So the delta at a
+**Long steps.** A read that no cache helps (another process) walks the
+chain: per piece a record decoded, a key built, a zstd frame decompressed,
+which in Python makes the walk of a deep chain a large part of a cold read
+once the messages decode cheaply (``saver/messages.py``). So the delta at a
 depth that is a multiple of ``STRIDE`` takes its base ``STRIDE`` versions
 back on its own chain (found by following its parent's refs, over one
 reverse scan of the channel's previous keys): its piece holds ``STRIDE``
 versions' elements, and a read of depth d joins ``d % STRIDE`` short steps
-and ``d // STRIDE`` long ones. The records are the same as before (a ref to
-an older version of the channel), so stores written before read as they
-are, kvsavers from before read these, and every delete and copy follows refs
-as it did. Measured on bench_long_chat.py's chat (bench/results/
-PROFILE15_READ.md): at 120 turns (depth 47) the cold rebuild 1.38 -> 0.78 ms;
-bytes on disk of one thread 1.258 -> 1.282 MB (+2%), of 3 x 120 turns
-0.0450x SqliteSaver's before and after.
+and ``d // STRIDE`` long ones. A long step is an ordinary delta record (a
+ref to an older version of the channel), so stores without long steps read
+as they are, a kvsaver that makes none reads these, and every delete and
+copy follows refs the same way. Long steps cut a deep chain's cold rebuild
+substantially for a few percent more bytes on disk.
 ``STRIDE`` = 8 = sqrt(K) makes the most steps (7 + 7) fewest for the bytes
 (each block of 8 versions stores 15 versions' elements instead of 8).
 
 **Which serializers.** Deltas are made only when the innermost serializer is
 a ``JsonPlusSerializer`` (its msgpack layout is known); with any other the
-values are stored whole, as before. Reading needs only the outer layers.
+values are stored whole. Reading needs only the outer layers.
 
-**K.** ``MAX_CHAIN`` = 64, by measurement (``bench/bench_long_chat.py
---sweep-k``: one 120-turn chat, 240 versions of a list of ~45-word messages;
-bench/results/long_chat_k.json, load average ~12 on 2 cores). Bytes of the
-message list: 3.79 MB with every version whole (K=1), 564 KB at K=8, 334 KB
-at 16, 233 KB at 32, 168 KB at 64, 135 KB at 128. What K costs is a read no
-cache helps (another process, a restart): its bytes are rebuilt from up to K
-pieces, 0.99 ms at depth 47 and 1.7 ms at depth 111, against 0.58 ms to
-decompress the same value stored whole and 25-40 ms to decode its 240
-messages, which every K pays alike. A put or a warm read finds its base in
-the cache, whatever K is. 64 keeps the worst cold rebuild a few percent of
-the decode; 128 would save 1% of the store for twice the walk. Since format
-4 (pieces compressed with a dictionary; the sweep run again, load ~7):
-3.79 MB at K=1, 543 KB at 8, 311 KB at 16, 210 KB at 32, 144 KB at 64,
-111 KB at 128; a cold rebuild 1.08 ms at depth 47 (K=64) and 1.76 ms at
-depth 111 (K=128), against 4-5 ms to decode the 240 messages. 128 would
-save ~3% of the 3 x 120 chat's store and add ~0.7 ms to a cold read, the
-read that is slowest against SqliteSaver (1.1-1.3x): K stays 64. With long
-steps a larger K would cost a cold read little (K = 128: at most 7 + 15
-steps), but the bytes target is met at 64 (0.045x of the 0.05x allowed).
+**K.** ``MAX_CHAIN`` = 64, by measurement on a long chat's message list:
+its bytes fall steeply as K grows to 64 and little beyond. What K costs is a
+read no cache helps (another process, a restart): its bytes are rebuilt
+from up to K pieces, which stays small against decoding the messages, a
+cost every K pays alike. A put or a warm read finds its base in the cache,
+whatever K is. 64 keeps the worst cold rebuild a small part of the decode;
+128 would save a few percent of the store and lengthen the walk of a cold
+read, the read that is slowest against SqliteSaver. With long steps a
+larger K would cost a cold read little (K = 128: at most 7 + 15 steps), but
+the target for bytes on disk is met at 64.
 """
 
 from __future__ import annotations
@@ -198,11 +187,11 @@ class Pending(NamedTuple):
     key: bytes
     raw: bytes | None
     plain: bytes | None
-    # Issue #13: the delta made before the transaction on the base this
+    # The delta made before the transaction on the base this
     # process cached at its previous put: (base key, base record as cached,
     # delta record). ``write`` takes it when the stored base is that record.
     spec: tuple[bytes, bytes, bytes] | None = None
-    # Issue #13: what a head record holds for this value (``heads.plain_of``):
+    # What a head record holds for this value (``heads.plain_of``):
     # msgpack bytes, None (no value) or False (none a head can hold, or the
     # put makes no head).
     head: bytes | Literal[False] | None = False
@@ -218,7 +207,7 @@ class Codec:
         self.comp = mid if isinstance(mid, CompressingSerializer) else None
         # A layer of a subclass that makes its own bytes (its own
         # ``dumps_typed``): a channel value that is not a list goes through
-        # ``serde.dumps_typed``, as it always did, and no head is made.
+        # ``serde.dumps_typed``, and no head is made.
         self.custom = any(
             layer is not None and type(layer).dumps_typed is not cls.dumps_typed
             for layer, cls in ((self.enc, EncryptedSerializer), (self.comp, CompressingSerializer))
@@ -239,7 +228,7 @@ class Codec:
             and type(self.inner).dumps_typed is JsonPlusSerializer.dumps_typed
             else None
         )
-        # Whether head records can be made (issue #13, ``heads``): of the
+        # Whether head records can be made (``heads``): of the
         # inner serializer's msgpack, never in the clear when values are encrypted.
         self.heads = self.enabled and self.enc is None and not self.custom
         self.max_chain = MAX_CHAIN
@@ -277,8 +266,8 @@ class Codec:
 
     def dumps_small_plain(self, value: Any) -> tuple[S.Typed, bytes | Literal[False]]:
         """(``dumps_small(value)``, what a head record holds for it:
-        ``heads.plain_of``): one serialization for both (issue #13; only
-        when ``heads``)."""
+        ``heads.plain_of``): one serialization for both (only when
+        ``heads``)."""
         typ, data = self.inner.dumps_typed(value)
         return self.wrap_small(typ, data), H.plain_of(typ, data)
 
@@ -331,7 +320,7 @@ class Codec:
     ) -> dict[str, Any]:
         """{channel: ``loads(typed(txn, key, raw))``} of a checkpoint's stored
         blobs, skipping those with no value, in one loop: a read loads every
-        channel (issue #13). ``fast``: ``compression.value_readers``, which
+        channel. ``fast``: ``compression.value_readers``, which
         load the two common records (plain and zstd msgpack) without a
         (type, bytes) pair or a call of ours first; None: ``loads`` alone."""
         out: dict[str, Any] = {}
@@ -417,7 +406,7 @@ class Codec:
         """``unwrap(typ, piece)[1]``, with the usual piece types decompressed
         directly: a cold read of a chain decompresses up to ``MAX_CHAIN - 1``
         pieces once, into the value ``recent`` caches, so the per-value
-        decompression cache and its layers would only cost time (issue #15)."""
+        decompression cache and its layers would only cost time."""
         comp, unwrap = self.comp, self.unwrap
         if comp is None:
             return lambda typ, piece: unwrap(typ, piece)[1]
@@ -531,8 +520,8 @@ class Codec:
                     # written: a graph's consumed input and triggers
                     # (__start__, branch:to:*) are a quarter of a chat's
                     # records, and small ones among long keys fill LMDB
-                    # pages badly (issue #15; older stores keep their
-                    # markers, which read the same).
+                    # pages badly (older stores keep their markers,
+                    # which read the same).
                     if old is not None:
                         txn.delete(p.key)
                     continue
@@ -582,7 +571,7 @@ class Codec:
     def _speculate(
         self, thread: str, ns: str, parent_id: Any, ch: str, key: bytes, plain: bytes
     ) -> tuple[bytes, bytes, bytes] | None:
-        """Issue #13: the delta of a put's list on the version of its channel
+        """The delta of a put's list on the version of its channel
         at the parent checkpoint, made before the transaction from what this
         process cached (the parent's versions at its put, the base's rebuilt
         value), so its zstd call is made beside the checkpoint record's and
@@ -638,8 +627,8 @@ class Codec:
             digest = hashlib.blake2b(base.raw, digest_size=_DIGEST).digest()
             self.recent.put(bkey, base._replace(digest=digest))
         # A piece is a message or two: worth compressing from PIECE_THRESHOLD,
-        # with the dictionary of message bytes (compression.SMALL_DICT): a
-        # 479-byte chat message's msgpack becomes 232 bytes (zstd alone: 331).
+        # with the dictionary of message bytes (compression.SMALL_DICT), which
+        # shrinks a chat message's msgpack much more than zstd alone does.
         # remember=False: pieces are read by _piece_reader, never via that cache.
         typ, piece = self.wrap_small("msgpack", p.plain[new[1] + len(elems) :], remember=False)
         h = hashlib.blake2b(digest, digest_size=_DIGEST)
@@ -666,7 +655,7 @@ class Codec:
         The versions between are the channel's previous keys: read already
         (``known``: ``read_keys`` names them when this process wrote them),
         or else one reverse scan reads them (one round trip on a network
-        store: issue #14, every 8th put of a thread paid a second one)."""
+        store, not one per version)."""
         steps = self.stride
         below: dict[bytes, bytes] | None = None
         prefix = S.blob_prefix(key)
@@ -695,8 +684,8 @@ class Codec:
         """The records ``write`` will read, as far as known before it reads
         any: each blob's own key, and the parent's record (versions not in
         memory) or the blobs a delta would extend. The caller reads them with
-        one ``get_many`` and passes them in as ``known`` (issue #14: a put is
-        one round trip of reads on PostgreSQL)."""
+        one ``get_many`` and passes them in as ``known``, so a put is one
+        round trip of reads on PostgreSQL."""
         pending = list(pending)
         keys = [p.key for p in pending]
         lists = [p for p in pending if p.plain is not None]

@@ -1,19 +1,20 @@
 """A message list's msgpack made element by element, reusing the bytes of the
-elements a put already serialized (issue #13, the CPU of a put).
+elements a put already serialized, to save a put's CPU.
 
 A graph's message history gains a message or two per step, and every put of
 the channel serializes the whole list again: ``JsonPlusSerializer`` dumps each
-message through pydantic (``model_dump``) and a Python hook, ~7 µs a message,
-so a put of a 30-message history spent ~220 µs on messages it had serialized
-at the previous step (InMemorySaver pays the same). A msgpack array is its
+message through pydantic (``model_dump``) and a Python hook, so most of a
+put's CPU goes to messages it serialized at the previous step (InMemorySaver
+pays the same). A msgpack array is its
 header followed by its elements, each serialized on its own, so the list's
 bytes are ``make_header(n) + b"".join(bytes of each element)``; this module
 keeps, per (thread, namespace, channel), the list it serialized last, its
 bytes and its elements' fingerprints, and serializes again only the
 elements it cannot prove unchanged. A list it has not seen (the first put
 after a read of the thread, whose messages are new objects) is serialized
-in one call as before, its fingerprints taken in one call more (~1.3x that
-put's serialization); the puts after it extend it (~0.2x).
+in one call, its fingerprints taken in one call more (that put costs
+somewhat more than the serialization alone); the puts after it extend it,
+serializing only the elements they cannot reuse.
 
 **When an element's bytes are reused.** The element must be the very object
 serialized before (``is``: the cache holds a reference, so its id cannot be
@@ -36,7 +37,7 @@ step under durability "async" runs beside the next step): its fingerprint is
 taken again after its bytes, and it is kept only if both agree. A list with
 an element of another kind (a dict, a str, a model that serializes by its
 own code), or under a serializer other than ``JsonPlusSerializer``'s own
-``dumps_typed``, is serialized whole, as before.
+``dumps_typed``, is serialized whole.
 
 A probe at import checks the assumptions about the serializer: that it has
 the ``_msgpack_enc`` and ``_option`` this module uses, and that its bytes of
@@ -209,8 +210,8 @@ class Elements(SizedLRU[Hashable, _Held]):
         # key -> [length, puts since] of a list found too large to keep
         # (over a quarter of ``max_bytes``): it is left to the serializer,
         # instead of paying ``_first``'s fingerprints at every put for
-        # nothing (1.6x the plain serialization of a 3,000-message history
-        # under the default bound), until it shrinks to half that length or
+        # nothing (for a list that large they cost more than its plain
+        # serialization), until it shrinks to half that length or
         # for ``_LARGE_RETRY`` puts (its elements may have shrunk instead).
         self.large: dict[Hashable, list[int]] = {}
 

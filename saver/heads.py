@@ -1,12 +1,12 @@
 """Head records: a thread's newest checkpoint, whole and uncompressed, in one
-record (issue #13).
+record.
 
 A read of a thread's latest checkpoint (every ``invoke``, every
 ``get_state``) otherwise gets the record, keys and gets one blob per
 channel, rebuilds delta'd lists and decompresses zstd frames, then unpacks
-each value: on issue #13's 13 KB checkpoints about twice SqliteSaver's time,
-which stores each checkpoint whole. Storing every checkpoint whole would
-give up what deltas and compression save on disk (issue #15), so only the
+each value, where SqliteSaver, which stores each checkpoint whole, reads one
+record. Storing every checkpoint whole would give up what deltas and
+compression save on disk, so only the
 newest checkpoint of each (thread, namespace) is kept whole, here, in one
 record that ``put`` rewrites in the same transaction as the checkpoint:
 
@@ -35,8 +35,8 @@ head when it cannot make one (a value that is not msgpack, a value too large:
 
 **When there are none.** Values encrypted (a head would hold them in the
 clear), a serializer other than ``JsonPlusSerializer`` (its bytes are not
-known to be msgpack), or a network store (issue #14: each put would send
-the whole checkpoint again).
+known to be msgpack), or a network store (each put would send the whole
+checkpoint again).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ __all__ = ["MAX_BYTES", "build", "parse", "payload", "plain_of", "version_key", 
 
 # A head is written while the checkpoint's values fit in this: a long chat's
 # message list outgrows it (its reads are served by deltas and the cache), and
-# a put then writes no head (issue #15's bytes: one uncompressed copy each).
+# a put then writes no head (not an uncompressed copy of what deltas keep small).
 MAX_BYTES = 32 * 1024
 _VERSION = b"\x01"
 _NIL = b"\xc0"

@@ -75,7 +75,7 @@ __all__ = ["KVSaver", "OptionError"]
 
 T = TypeVar("T")
 _LIST_CHUNK = 32
-# Issue #13: the threads of a saver's async calls on a local store (see _run).
+# The threads of a saver's async calls on a local store (see _run).
 _ASYNC_THREADS = 32
 # whole_latest="idle": a thread's head is written once no put came for this long
 IDLE_SECONDS = 1.0
@@ -120,7 +120,7 @@ def _thread_ns(config: RunnableConfig, what: str) -> tuple[str, str, Mapping[str
         )
     ns = conf.get("checkpoint_ns")
     # _id's common case first, inline: every read and write comes here, and
-    # the labels were formatted on every call for errors that never came.
+    # the labels are formatted only when _id is called, for an error.
     if type(thread) is not str or not thread.isascii():
         thread = _id(thread, f"{what}: config['configurable']['thread_id']")
     if ns is None:
@@ -133,8 +133,8 @@ def _thread_ns(config: RunnableConfig, what: str) -> tuple[str, str, Mapping[str
 def _id(value: Any, what: str) -> str:
     """An id as stored: a str, or an int or UUID as its text (SqliteSaver
     str()s every id). Anything else is refused rather than stored as "None"
-    or "<object at 0x...>", and so is a str that UTF-8 cannot encode (issue
-    #11: a lone surrogate used to end in a bare TypeError from the encoder)."""
+    or "<object at 0x...>", and so is a str that UTF-8 cannot encode (a lone
+    surrogate: a ValueError naming it, not a bare TypeError from the encoder)."""
     if type(value) is str and value.isascii():  # the common case, checked on every call
         return value
     if not isinstance(value, (str, int, UUID)) or isinstance(value, bool):
@@ -209,8 +209,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             wait of the event loop for the GIL (see ``_run``).
         whole_latest: keep each thread's newest checkpoint whole, in one
             uncompressed record (its head, ``saver.heads``), so that
-            ``get_tuple`` of the latest is one lookup and one decode, about
-            half the read. ``"idle"`` (the default): a thread's head is
+            ``get_tuple`` of the latest is one lookup and one decode, not a
+            blob per channel. ``"idle"`` (the default): a thread's head is
             written by a background thread once no put of this saver came
             for it for a second (``IDLE_SECONDS``), and by ``close()`` for
             those still waiting: a running graph pays nothing per superstep,
@@ -223,8 +223,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             ``kv.hints``; so does another saver object of this process;
             none within a quarter of ``max_size``). ``True``:
             every ``put`` rewrites the head in its own transaction (reads
-            right after a put are fast too, for a copy of the state in every
-            put: about a tenth more graph overhead at full durability).
+            right after a put are fast too, for a copy of the state written
+            by every put).
             ``False``: no heads, none read. Local stores only; not with
             encrypted values.
         cache_bytes: memory for this saver's caches of values, about this
@@ -323,15 +323,15 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # Reads that never wait on a disk sync, a lock or a writer (a memory-
         # mapped LMDB file, memory): aget_tuple runs them on the event loop.
         self._inline_reads = bool(getattr(self.store, "nonblocking_reads", False))
-        # A network store that sends queued reads in one round trip (issue #14):
-        # a read queues what it will need next before it needs it.
+        # A network store that sends queued reads in one round trip: a read
+        # queues what it will need next before it needs it.
         self._pipelined = bool(getattr(self.store, "pipelines_reads", False))
-        # Issue #14: (thread, ns) -> (id, channel_versions) of the last put here,
+        # (thread, ns) -> (id, channel_versions) of the last put here,
         # on a store that pipelines reads (get_tuple guesses its reads from it).
         self._last_put: OrderedDict[tuple[str, str], tuple[str, Any]] | None = (
             OrderedDict() if self._pipelined else None
         )
-        # Issue #13: (thread, ns) -> the checkpoint id its head record held when
+        # (thread, ns) -> the checkpoint id its head record held when
         # this saver last wrote or read it: a read by id looks at the head only
         # for that id (another id is rarely the newest; the look costs a get).
         self._head_ids: dict[tuple[str, str], str] = {}
@@ -464,9 +464,9 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         self, txn: Any, thread: str, ns: str, checkpoint_id: str
     ) -> list[S.WriteRecord]:
         # One scan, no probe first: most checkpoints have no writes (every
-        # latest one between supersteps), and an empty LMDB scan now costs
-        # what the probe did (issue #13), while a checkpoint with writes paid
-        # a second positioning (a memory store's probe was the scan, sliced).
+        # latest one between supersteps) and an empty LMDB scan costs what a
+        # probe does, while a probe would cost a checkpoint with writes a
+        # second positioning (on a memory store a probe is the scan, sliced).
         start, stop = S.writes_range(thread, ns, checkpoint_id)
         return self._in_read_order(
             [w for _, v in txn.scan(start, stop) for w in S.decode_writes(v)]
@@ -495,7 +495,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     ) -> dict[str, builtins.list[S.WriteRecord]] | None:
         """checkpoint id -> ``_load_writes`` of each checkpoint of a ``list``
         page of consecutive checkpoints of one (thread, ns), by one scan over
-        their writes, instead of a scan per checkpoint (issue #13); None
+        their writes, instead of a scan per checkpoint; None
         when the page is not one such run (``_load_writes`` then, each)."""
         t, ns = found[0][0].thread_id, found[0][0].checkpoint_ns
         starts: dict[bytes, str] = {}
@@ -540,7 +540,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 codec.typed,
                 codec.values,
                 fast,
-                # head records (issue #13): read unless whole_latest=False
+                # head records: read unless whole_latest=False
                 # (written by each put when True, once a thread is idle when
                 # "idle"), on local stores whose values the fast readers load
                 self._whole_latest is not False
@@ -572,19 +572,19 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         if not whole:
             versions = checkpoint["channel_versions"]
             keys = S.read_blob_keys(thread, ns, versions)
-            # Issue #14: on a network store the blobs are one get_many, and the
+            # On a network store the blobs are one get_many, and the
             # writes scan, called first (and taken over by _load_writes' identical
             # scan), travels in the same round trip. Local stores skip it.
             if self._pipelined:
                 txn.scan(*S.writes_range(thread, ns, cid))
-            # Whole or delta values, loaded in one loop (issue #13).
+            # Whole or delta values, loaded in one loop.
             checkpoint["channel_values"] = load_values(
                 txn, versions, keys, txn.get_many(keys), loads, fast
             )
         if stored_writes is None:
             stored_writes = self._load_writes(txn, thread, ns, cid)
         writes: list[PendingWrite] = [(w.task_id, w.channel, loads(w.value)) for w in stored_writes]
-        # Positional: half the cost of keywords (a NamedTuple's __new__).
+        # Positional: cheaper than keywords (a NamedTuple's __new__).
         return CheckpointTuple(
             config if config is not None else _config(thread, ns, cid),  # config
             checkpoint,
@@ -600,7 +600,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         consecutive: bool = False,
     ) -> builtins.list[CheckpointTuple]:
         """``_load_tuple`` of each (record, metadata) of a ``list`` page. On a
-        store that pipelines reads (issue #14), the page's writes scans and
+        store that pipelines reads, the page's writes scans and
         blobs go first, all in one round trip (a constant number per page,
         not one per checkpoint); ``_load_tuple`` then finds them read.
         ``consecutive``: the page holds every checkpoint between its first
@@ -664,8 +664,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     def _head(self, txn: Any, thread: str, ns: str, raw: bytes) -> tuple[str, Any, Any, Any] | None:
         """(checkpoint id as stored, parent id, metadata, checkpoint with its
         channel_values) from the head record of (thread, ns) when it holds the
-        checkpoint whose stored record is ``raw``, one unpack (issue #13,
-        ``heads``); else None."""
+        checkpoint whose stored record is ``raw``, one unpack (``heads``);
+        else None."""
         cached = self._reader_tuple()
         if not cached[5]:
             return None
@@ -688,7 +688,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         _bounded_put(self._head_ids, (thread, ns), checkpoint_id)
 
     def _guess_reads(self, txn: Any, thread: str, ns: str, checkpoint_id: Any) -> None:
-        """Issue #14, on a store that pipelines reads: when this saver wrote
+        """On a store that pipelines reads: when this saver wrote
         the checkpoint asked for (the thread's latest, as far as it knows),
         queue the record's read, its writes scan and its blobs together, so
         ``get_tuple`` is one round trip when the guess holds (what it then
@@ -864,12 +864,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         cp: dict[str, Any] = dict(checkpoint)
         values: dict[str, Any] = cp.pop("channel_values", None) or {}
         checkpoint_id = _id(cp["id"], "put: checkpoint['id']")
-        # Lists as plain msgpack: stored as deltas where they extend (issue #15).
+        # Lists as plain msgpack: stored as deltas where they extend.
         codec = D.codec(self.serde)  # kept on the serializer: one per serde
         parent_id = conf.get("checkpoint_id")
-        # whole_latest: this checkpoint whole in a head record (issue #13,
-        # ``heads``), made in the transaction from this put's bytes and the
-        # previous head's.
+        # whole_latest: this checkpoint whole in a head record (``heads``),
+        # made in the transaction from this put's bytes and the previous
+        # head's.
         readable = self._reader_tuple()[5]  # heads possible for this serializer and store
         # Without whole_latest a put still removes a head another saver made
         # (it would go stale), so a local store always looks it up.
@@ -877,7 +877,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         heads = readable and (self._whole_latest is True or self._wanted(hkey))
         idle = self._idle if readable else None
         blobs = codec.prepare(thread, ns, new_versions, values, dumps, parent_id, heads)
-        # A small record: zstd with a dictionary (issue #15).
+        # A small record: zstd with a dictionary.
         cp_plain: bytes | Literal[False] = False
         if heads:  # and its msgpack for the head, from the same serialization
             cp_typed, cp_plain = codec.dumps_small_plain(cp)
@@ -905,7 +905,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         def write(txn: Any) -> None:
             # The reads of this function (touch() reads akey, the codec its
             # blobs' keys and bases) in one get_many: one round trip on a
-            # network store (issue #14).
+            # network store.
             keys = [ckey, akey, *codec.read_keys(thread, ns, parent_id, blobs)]
             if hkey is not None:
                 keys.append(hkey)
@@ -952,9 +952,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         """A read of the latest of (thread, ns) found no head: the
         ``WANT_AFTER``-th such read within ``MARK_SECONDS`` marks it wanted
         (``kv.hints``), so that the puts of the process writing it write its
-        head: a thread read far more often than it is written (heads cost
-        the writer: up to a quarter of its puts/s, bench/rw_heads13.py), not
-        one polled now and then. Not one this saver's idle thread still
+        head: a thread read far more often than it is written (heads slow
+        the writer's puts), not one polled now and then. Not one this saver's idle thread still
         has to write (it put the thread lately)."""
         key = (thread, ns)
         if not self._reader_tuple()[5] or (self._idle is not None and self._idle.waiting(key)):
@@ -1026,9 +1025,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         checkpoint_id = _id(checkpoint_id, "put_writes: checkpoint_id")
         task_id = _id(task_id, "put_writes: task_id")
         task_path = _id(task_path, "put_writes: task_path")
-        # zstd with a dictionary (issue #15), not kept in the cache of
-        # decompressed values: a write is read only when its checkpoint is
-        # resumed (issue #13).
+        # zstd with a dictionary, not kept in the cache of decompressed
+        # values: a write is read only when its checkpoint is resumed.
         dumps = functools.partial(D.codec(self.serde).dumps_small, remember=False)
         serialized = [
             (WRITES_IDX_MAP.get(channel, idx), channel, dumps(value))
@@ -1098,7 +1096,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             return
 
         def copy(txn: Any) -> None:
-            txn.delete_range(*S.heads_range(dst))  # its latest may change (issue #13)
+            txn.delete_range(*S.heads_range(dst))  # its latest may change
             for kind in (S.BLOB, S.WRITE):
                 sp, dp = S.thread_prefix(kind, src), S.thread_prefix(kind, dst)
                 lo, hi = (S.blobs_range if kind == S.BLOB else S.writes_range)(src)
@@ -1253,14 +1251,11 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         executor (a few threads: ``min(32, cpus + 4)``, which a graph's
         sync nodes share): a commit waits for the disk, and every put that
         arrives meanwhile joins the next one (group commit), so the more
-        callers can wait, the fewer flushes per checkpoint. 32 conversations
-        on one loop (``bench/ab_async_pool13.py``, issue #13): 0.83-0.87x
-        the overhead with the default executor, and a longer worst wait of
-        the loop (the median of each run's worst: 85-104 ms against 53-72
-        ms; AsyncSqliteSaver 13-76, no checkpointer 37-50): more threads
-        that want the GIL. ``async_threads`` sets the pool's size (12:
-        0.96x and 72 ms in the same rounds). A network store keeps the
-        default executor: each of its calls holds a pooled connection."""
+        callers can wait, the fewer flushes per checkpoint. The price is a
+        longer worst wait of the event loop: more threads that want the GIL.
+        ``async_threads`` sets the pool's size (fewer threads: a shorter
+        wait, more flushes). A network store keeps the default executor:
+        each of its calls holds a pooled connection."""
         loop = asyncio.get_running_loop()
         call = functools.partial(fn, *args, **kwargs)
         if self._pipelined:
@@ -1369,7 +1364,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         return await self._run(self.get_delta_channel_history, config=config, channels=channels)
 
 
-# -- PostgreSQL (issue #14): KVSaver("postgresql://...", **options) ----------------
+# -- PostgreSQL: KVSaver("postgresql://...", **options) -------------------------
 # The keyword options a PostgreSQL URL accepts, and the kv.PostgresStore
 # argument each becomes (pool_*: the psycopg_pool.ConnectionPool's; LMDB's
 # max_size, a byte cap, means nothing there).

@@ -218,7 +218,7 @@ def _strict_pair(
     source: BaseCheckpointSaver, dest: BaseCheckpointSaver
 ) -> tuple[BaseCheckpointSaver, BaseCheckpointSaver]:
     """The two savers as verification reads them: both in strict msgpack mode
-    when both can be (issue #11: verification decodes every stored value, and
+    when both can be (verification decodes every stored value, and
     in the default mode a crafted one can name any importable callable for the
     decoder to run); else both as they are, so both sides decode alike."""
     strict = [_strict_serde(source.serde), _strict_serde(dest.serde)]
@@ -240,7 +240,7 @@ def _strict_pair(
 def _interrupts() -> Iterator[Callable[[], bool]]:
     """Yields ``interrupted()``: whether Ctrl-C (SIGINT) came meanwhile.
 
-    Decoding can swallow a KeyboardInterrupt (issue #11): LangGraph's msgpack
+    Decoding can swallow a KeyboardInterrupt: LangGraph's msgpack
     ``ext_hook`` (and ours, ``_keep_ext``) runs inside ormsgpack, which
     replaces any exception raised in a hook, KeyboardInterrupt included, by
     ``ValueError('ext_hook failed')``; LangGraph's hook may then catch that
@@ -516,8 +516,8 @@ def _check_pickled(src: _Source, source: SerializerProtocol, dest: SerializerPro
     """Refuse up front, before anything is copied, a source whose pickled
     values (type "pickle", from a serializer's ``pickle_fallback``) cannot be
     read with ``source`` or encoded by ``dest``. Those that pass are decoded
-    and re-encoded by the copy, never copied as they are (issue #11: they
-    were, and the destination could not read them back)."""
+    and re-encoded by the copy, never copied as they are (the destination
+    could not read them back)."""
     for kind, where, typed in src.pickled():
         try:
             value = source.loads_typed(typed)
@@ -742,7 +742,7 @@ def _copy_sqlite(
     raw_limit = _raw_copy_limit(source_serde or JsonPlusSerializer(), serde)
     dumps = serde.dumps_typed
     # Checkpoints and writes as put/put_writes store them: small ones
-    # compressed with the dictionary (issue #15). Bytes copied as they are
+    # compressed with the dictionary. Bytes copied as they are
     # are the inner serializer's, except when the source's serializer is the
     # destination's very object: then they are stored bytes already.
     small = D.codec(serde)
@@ -756,7 +756,7 @@ def _copy_sqlite(
         progress("copy", 0, src.checkpoints)
     for rows in src.rows(batch_size):
         # A batch may be rerun (through KVSaver._maintain: a conflict on
-        # PostgreSQL, issue #14): each attempt starts from the counts and
+        # PostgreSQL): each attempt starts from the counts and
         # the (channel, version) pairs as they were before the batch, so a
         # rerun counts nothing twice.
         before = (_counts(stats), set(seen), current)
@@ -929,7 +929,7 @@ def _put_checkpoint(
 ) -> None:
     """One checkpoint as ``KVSaver.put`` stores it: a blob per (channel, version)
     not stored yet (through ``codec``: a list that extends its parent's is a
-    delta, issue #15), the record without channel_values, and every index key
+    delta), the record without channel_values, and every index key
     (``schema.index_keys``)."""
     thread, ns, cid = ids
     txn = put.txn
@@ -965,7 +965,7 @@ def _put_checkpoint(
             elif channel in values:
                 put(bkey, S.encode_blob(dumps(values[channel]())))
             else:
-                continue  # no value: no record (put writes none either, issue #15)
+                continue  # no value: no record (put writes none either)
             put.stats.blobs_written += 1
         if not isinstance(metadata, dict):
             raise MigrationError(f"{where}: metadata is not a JSON object: {metadata!r}")
@@ -1014,11 +1014,11 @@ def _write_groups(
 
     A write is identified by (task_id, idx), and put_writes numbers a batch
     from 0, so a task's regular writes go in idx order, one call per run of
-    one task_path (a task id may be written under several paths, issue
-    #12.1); a run that starts at idx s > 0 is preceded by the task's writes
-    at 0..s-1, which the destination holds from the earlier calls and
-    ignores, as every saver with SqliteSaver's semantics does. So each write
-    keeps its idx and its task_path. Special channels go in calls of their
+    one task_path (a task id may be written under several paths); a run that
+    starts at idx s > 0 is preceded by the task's writes at 0..s-1, which
+    the destination holds from the earlier calls and ignores, as every saver
+    with SqliteSaver's semantics does. So each write keeps its idx and its
+    task_path. Special channels go in calls of their
     own (they keep replace semantics, at their fixed negative indexes)."""
     thread, ns, cid = _ids(tup.config)
     pending = list(tup.pending_writes or [])

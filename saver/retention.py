@@ -1,4 +1,4 @@
-"""Retention: storage that does not grow without limit (issue #7).
+"""Retention: storage that does not grow without limit.
 
 Two rules, as a ``KVSaver`` option and as an explicit ``saver.sweep()``:
 
@@ -16,7 +16,7 @@ checkpoint of every namespace with its pending writes (an unanswered
 writes of the tasks that finished beside it; a subgraph's own namespace keeps
 its latest too), and, for a ``DeltaChannel``, every ancestor back to the
 nearest snapshot with its writes, so ``get_delta_channel_history`` rebuilds
-the same value. Both rules use ``KVSaver._keep_latest``, the walk
+the same value. Both rules use ``threads.keep_latest``, the walk
 ``prune("keep_latest")`` uses, generalized to N.
 
 Idle time is the later of the thread's activity record (``put`` and

@@ -49,11 +49,11 @@ format   written    difference from the next
 =======  =========  ==========================================================
 1        0.1.0      write key ("w", thread, ns, checkpoint_id, task_path,
                     task_id, idx): one task id under two task paths was two
-                    writes (issue #12.1)
-2        after      no delta records among the blobs (issue #15)
+                    writes
+2        after      no delta records among the blobs
          0.1.0
 3        after      no checkpoint or pending write value compressed with
-         0.1.0      a dictionary (type suffix ".zd1", issue #15); a version
+         0.1.0      a dictionary (type suffix ".zd1"); a version
                     without a value has an "empty" record (format 4: none)
 4        after      every pending write a record of its own (format 5: the
          0.1.0      regular writes of one ``put_writes`` in one record)
@@ -107,14 +107,14 @@ number of versions since the chain's whole copy (below
 ``delta.MAX_CHAIN``), ``digest`` names the content, and
 ``type``/``piece`` are the appended bytes after compression and encryption.
 A whole record never starts with byte 0xD1 (its type name is ASCII), so both
-kinds live side by side and stores written before keep reading. Invariant:
-the base of every stored delta is stored (deletes keep bases of what they
-keep; overwrites first rewrite dependents whole). Older stores hold no
-delta records and read as they are; their upgrade to format 3 rewrites
-nothing (it only records that deltas may now be written, so that an older
-kvsaver refuses the store instead of failing on a delta record).
+kinds live side by side in one store. Invariant: the base of every stored
+delta is stored (deletes keep bases of what they keep; overwrites first
+rewrite dependents whole). Older stores hold no delta records and read as
+they are; their upgrade to format 3 rewrites nothing (it only records that
+deltas may now be written, so that an older kvsaver refuses the store instead
+of failing on a delta record).
 
-**Head records** (issue #13, ``saver/heads.py``): the newest checkpoint of a
+**Head records** (``saver/heads.py``): the newest checkpoint of a
 (thread, ns), its metadata and every channel value as the serializer's
 msgpack, uncompressed, in one record that each ``put`` rewrites, so a read of
 the latest checkpoint is one get and one unpack. A copy: a read uses it only
@@ -186,7 +186,7 @@ def _el(s: str) -> bytes:
     """``pack((k(s),))``. A plain ASCII string short enough to stay inline
     (every id and version LangGraph makes) is encoded directly: cheaper than
     the memo lookups, and a put's new ids and versions would only miss them
-    and push older entries out (issue #13). ``encode()``, not
+    and push older entries out. ``encode()``, not
     ``encode("ascii")``: the same bytes for ASCII, without looking the codec
     up by name (half the cost of the encoding)."""
     if type(s) is str and len(s) <= _MAX_INLINE and s.isascii() and "\x00" not in s:
@@ -237,8 +237,8 @@ def _blob_suffix(ch: str, v: Any) -> bytes:
     thread's latest checkpoint is read at every step, with the same channel
     versions each time. Keyed by the strings themselves, not a tuple holding
     ``type(v)``: such a tuple stays tracked by the garbage collector (a type
-    is a container), so 16,384 of them were traversed by every collection
-    and a read of versions never seen before cost 13% more (issue #13)."""
+    is a container), so up to 16,384 of them would be traversed by every
+    collection, slowing every read that misses the memo."""
     if type(v) is not str:
         return pack((k(ch), _ver(v)))  # int/float versions (1 == 1.0 == True): not memoized
     ce = _CHANNEL_ELEMENTS.get(ch)
@@ -270,7 +270,7 @@ def blob_keys(
     (thread, ns) prefix is packed once (packing is concatenation, element by
     element), since every read of a checkpoint keys all its channels.
     ``new=True`` (a put's new versions, never keyed before): not memoized,
-    which would only cost a miss and an insert each (issue #13)."""
+    which would only cost a miss and an insert each."""
     if new:
         prefix = _thread_ns_prefix(BLOB, thread, ns)
         return [(ch, prefix + _new_blob_suffix(ch, v)) for ch, v in versions.items()]
@@ -279,12 +279,12 @@ def blob_keys(
 
 def read_blob_keys(thread: str, ns: str, versions: Mapping[str, Any]) -> list[bytes]:
     """The keys of ``blob_keys``, in ``versions``' order, built inline: every
-    read of a checkpoint keys all its channels (issue #13). The channel's
-    element from its memo (a graph has a few channels), the version's
-    encoded here as ``_el`` does, not memoized: a read of a checkpoint not
-    read lately (another process's, a cold store) missed that memo for each
-    channel and paid a miss, the encoding and an insert, three times what
-    encoding alone costs; a hit saved a fifth of it. Versions are checked
+    read of a checkpoint keys all its channels. The channel's element from
+    its memo (a graph has a few channels), the version's encoded here as
+    ``_el`` does, not memoized: a read of a checkpoint not read lately
+    (another process's, a cold store) would miss that memo for each channel
+    and pay a miss, the encoding and an insert, several times what encoding
+    alone costs, while a hit saves little. Versions are checked
     together (all ASCII strings without NUL, short enough to stay inline:
     every version LangGraph makes), not one by one; otherwise each goes
     through ``_blob_suffix``."""
@@ -597,7 +597,7 @@ def encode_checkpoint(rec: CheckpointRecord) -> bytes:
 
 
 def _damaged(kind: str, e: Exception) -> CorruptStoreError:
-    """A record of ours that does not decode: the store is damaged (issue #11)."""
+    """A record of ours that does not decode: the store is damaged."""
     error = CorruptStoreError(f"a damaged {kind} record in the store ({e})")
     error.__cause__ = e
     return error

@@ -23,7 +23,7 @@ __all__ = ["StoreStats", "ThreadStats"]
 _CHUNK = 2048
 # Keyspaces whose keys name a thread; the index keyspaces (id, meta, run,
 # idle) only add to live bytes, so their keys are not unpacked (most keys of
-# a store are index keys: `kvsaver threads` runs this pass, issue #16).
+# a store are index keys, and `kvsaver threads` runs this pass too).
 _PER_THREAD = tuple(pack((kind,)) for kind in (S.CHECKPOINT, S.WRITE, S.BLOB, S.ACTIVITY, S.HEAD))
 
 

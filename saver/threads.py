@@ -3,9 +3,9 @@ list a thread's namespaces, delete checkpoints, threads and unused blobs,
 keep the latest checkpoints (DeltaChannel-safe), and the activity index.
 
 ``kvsaver.py``, ``retention.py`` and ``stats.py`` all build on these; this
-module imports only ``schema`` and the serializer protocol, so the imports
-inside the package run one way (issue #12: they used to be private methods
-of ``KVSaver`` that ``retention`` and ``stats`` reached into, a cycle).
+module imports none of them, so the imports inside the package run one way
+(``retention`` and ``stats`` need no private method of ``KVSaver``, whose
+module imports them: no cycle).
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def used_blobs(txn: Any, serde: SerializerProtocol, thread: str) -> set[bytes]:
 
 def gc_blobs(txn: Any, serde: SerializerProtocol, thread: str, ns: str) -> None:
     """Delete the blobs of (thread, ns) that no remaining checkpoint uses,
-    nor any delta chain of a blob that one uses (issue #15)."""
+    nor any delta chain of a blob that one uses."""
     referenced: set[bytes] = set()
     for _, raw in txn.scan(*S.checkpoints_range(thread, ns)):
         vs = versions(serde, S.decode_checkpoint(raw))

@@ -7,7 +7,7 @@ each did, for the schema record. A step is a function of the transaction, in
 ``UPGRADES`` under the format it upgrades from (as LangGraph's savers keep
 their ``MIGRATIONS``: an ordered list, never edited once released).
 
-Format 1 -> 2 (issue #12.1): write keys lose their task_path element, so a
+Format 1 -> 2: write keys lose their task_path element, so a
 pending write is identified by (thread, ns, checkpoint, task_id, idx) as in
 SqliteSaver. 0.1.0 kept one write per (task_path, task_id, idx); where two
 task paths hold the same (task_id, idx), SqliteSaver would have kept one of
@@ -65,18 +65,18 @@ def _writes_by_task_id(txn: Any) -> dict[str, int]:
 
 
 def _deltas_allowed(txn: Any) -> dict[str, int]:
-    """Format 2 -> 3 (issue #15): blobs may now be delta records
-    (``saver/delta.py``). Nothing to rewrite: whole values read as before;
+    """Format 2 -> 3: blobs may now be delta records
+    (``saver/delta.py``). Nothing to rewrite: whole values read as they are;
     the new number makes an older kvsaver refuse the store rather than fail
     on the first delta record it meets."""
     return {}
 
 
 def _small_dictionary_allowed(txn: Any) -> dict[str, int]:
-    """Format 3 -> 4 (issue #15): checkpoints, pending writes and small
-    values may now be zstd-compressed with ``compression.SMALL_DICT`` (type
-    ``"....zd1"``), and a channel version without a value has no record (it
-    had the "empty" marker, which still reads the same). Nothing to rewrite;
+    """Format 3 -> 4: checkpoints, pending writes and small values may now
+    be zstd-compressed with ``compression.SMALL_DICT`` (type ``"....zd1"``),
+    and a channel version without a value has no record (format 3 gives it
+    the "empty" marker, which reads the same). Nothing to rewrite;
     the number makes an older kvsaver refuse the store rather than fail on a
     ``.zd1`` value."""
     return {}
@@ -85,7 +85,7 @@ def _small_dictionary_allowed(txn: Any) -> dict[str, int]:
 def _write_batches_allowed(txn: Any) -> dict[str, int]:
     """Format 4 -> 5: the regular writes of one ``put_writes`` may now be one
     record (``schema.write_records``). Nothing to rewrite: a record of one
-    write reads as before; the number makes an older kvsaver refuse the
+    write reads as it is; the number makes an older kvsaver refuse the
     store rather than read a batch as a damaged write."""
     return {}
 

@@ -1216,9 +1216,7 @@ def test_a_session_killed_mid_transaction_fails_that_call_only(
         store.close()
 
 
-def test_a_connection_that_died_idle_in_the_pool_is_replaced(
-    postgres_url: str, table: str
-) -> None:
+def test_a_connection_that_died_idle_in_the_pool_is_replaced(postgres_url: str, table: str) -> None:
     """Connections the pool holds idle, never used by the store, are ended by
     the server (a killed session, a restart): the next transaction sets up
     another instead of failing, even with retries=0, since nothing of the

@@ -1,4 +1,4 @@
-"""``kvsaver``: look inside a checkpoint store without writing code (issue #16).
+"""``kvsaver``: look inside a checkpoint store without writing code.
 
     kvsaver threads STORE [--limit N] [--match SUBSTRING]
     kvsaver history STORE THREAD [--ns NS] [--limit N]

@@ -94,7 +94,7 @@ class Progress:
 
 def dir_bytes(path: str) -> int:
     """Bytes of the files under ``path`` (0 if it does not exist); for a
-    PostgreSQL URL, the table's size on the server (issue #14)."""
+    PostgreSQL URL, the table's size on the server."""
     if is_postgres_url(path):
         from kvsaver.kv import PostgresStore
 

@@ -10,7 +10,7 @@ serializer, behind one small interface whatever the store is.
   ``SqliteSaver`` itself (``langgraph-checkpoint-sqlite``), as its users do;
 - anything else is refused with a one-line reason (``cliutil.Fail``).
 
-Decoding is strict (issue #16): LangGraph's default serializer imports and
+Decoding is strict: LangGraph's default serializer imports and
 calls any class named in the stored data, so a viewer pointed at a store
 someone else wrote would run their code. ``strict_serde()`` is LangGraph's
 ``JsonPlusSerializer`` in strict msgpack mode (``allowed_msgpack_modules=None``:

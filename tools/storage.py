@@ -17,7 +17,7 @@ live application. ``compact`` rewrites an LMDB store into a dense new file
 process has the store open. A ``FileStore`` file (``--backend file``) is
 rewritten whole at every commit and never needs compacting.
 
-DIR may also be a PostgreSQL URL (``postgresql://...``, issue #14). There
+DIR may also be a PostgreSQL URL (``postgresql://...``). There
 PostgreSQL's autovacuum makes the space of deleted rows reusable by itself;
 ``compact`` runs ``VACUUM (ANALYZE)`` on the table now, and ``compact
 --full`` runs ``VACUUM FULL``, which returns the space to the operating
@@ -30,7 +30,7 @@ metadata; stats and compaction never decode values).
 
 Stored data is decoded in LangGraph's strict msgpack mode (only its safe
 types are rebuilt), whatever ``LANGGRAPH_STRICT_MSGPACK`` says: a crafted
-store cannot make these tools import and call what it names (issue #11).
+store cannot make these tools import and call what it names.
 
 Long runs show a progress bar (tqdm) on a terminal. Exit status: 0 done,
 2 refused or failed (the message says why).
