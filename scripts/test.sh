@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Set up a virtualenv with the test extra, lint and type-check, and run the
-# whole test suite.
+# Set up a virtualenv with the test extra, lint (ruff check and format) and
+# type-check, and run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${KVSAVER_VENV:-.venv}"
@@ -9,7 +9,8 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip
 "$VENV/bin/python" -m pip install -q -e ".[test]"
-"$VENV/bin/python" -m ruff check kv saver tools tests bench
+"$VENV/bin/python" -m ruff check kv saver tools tests bench .ci
+"$VENV/bin/python" -m ruff format --check kv saver tools tests bench .ci
 
 # mypy on the installed names (kvsaver = saver/, kvsaver.kv = kv/, kvsaver.tools
 # = tools/), laid out as links in a temporary directory: mypy cannot map a
