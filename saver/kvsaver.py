@@ -1036,7 +1036,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         now = R.now_ms(self.clock)
         akey = S.activity_key(thread)
         prefix = S.task_write_prefix(thread, ns, checkpoint_id, task_id)
-        probe = S.write_probe_keys(prefix, [w[0] for w in serialized])
+        # A batch of special writes replaces: what is stored does not matter.
+        probe = [] if replace else S.write_probe_keys(prefix, [w[0] for w in serialized])
 
         def write(txn: Any) -> None:
             # The reads in one get_many (one round trip on a network store).

@@ -796,25 +796,23 @@ def _copy_sqlite(
                 # less those already there (a re-run, or --merge): found by gets,
                 # as put_writes finds them (a scan would send this batch's
                 # buffered writes to a network store ahead of its commit).
-                tasks: dict[tuple[str, str], list[tuple[int, str, Any, Any]]] = {}
+                tasks: dict[str, list[tuple[int, str, str, Any, Any]]] = {}
                 for task_id, task_path, idx, channel, wtype, wvalue in src.writes_of(
                     thread_v, ns_v, cid_v
                 ):
-                    who = (str(task_id), str(task_path or ""))
-                    tasks.setdefault(who, []).append((int(idx), str(channel), wtype, wvalue))
-                stored: dict[str, set[int]] = {}
-                for (task_id, task_path), rows in tasks.items():
+                    row = (int(idx), str(task_path or ""), str(channel), wtype, wvalue)
+                    tasks.setdefault(str(task_id), []).append(row)
+                for task_id, rows in tasks.items():
                     prefix = S.task_write_prefix(thread, ns, cid, task_id)
-                    if task_id not in stored:
-                        idxs = [r[0] for (t, _), rs in tasks.items() if t == task_id for r in rs]
-                        if max(idxs) <= 4 * len(idxs) + 64:  # positions, as LangGraph's
-                            found = txn.get_many(S.write_probe_keys(prefix, idxs))
-                        else:  # indexes far apart: a scan, not a get of each below
-                            found = [raw for _, raw in txn.scan(*S.task_writes_range(prefix))]
-                        stored[task_id] = S.stored_idxs(found)
-                    writes: list[tuple[int, str, S.Typed]] = []
-                    for idx, channel, wtype, wvalue in sorted(rows, key=lambda r: r[0]):
-                        if idx in stored[task_id]:
+                    idxs = [r[0] for r in rows]
+                    if max(idxs) <= 4 * len(idxs) + 64:  # positions, as LangGraph's
+                        found = txn.get_many(S.write_probe_keys(prefix, idxs))
+                    else:  # indexes far apart: a scan, not a get of each below
+                        found = [raw for _, raw in txn.scan(*S.task_writes_range(prefix))]
+                    stored = S.stored_idxs(found)
+                    paths: dict[str, list[tuple[int, str, S.Typed]]] = {}
+                    for idx, task_path, channel, wtype, wvalue in sorted(rows, key=lambda r: r[0]):
+                        if idx in stored:
                             stats.writes_present += 1
                             continue
                         stats.writes_copied += 1
@@ -827,9 +825,10 @@ def _copy_sqlite(
                                 value = small.wrap_small(wtype, wvalue)
                         else:
                             value = small.dumps_small(loads((wtype, wvalue)))
-                        writes.append((idx, channel, value))
-                    for key, record in S.write_records(prefix, task_id, task_path, writes):
-                        put(key, record)
+                        paths.setdefault(task_path, []).append((idx, channel, value))
+                    for task_path, writes in paths.items():
+                        for key, record in S.write_records(prefix, task_id, task_path, writes):
+                            put(key, record)
             if interrupted():  # a value of this batch may be a swallowed Ctrl-C's fallback
                 raise KeyboardInterrupt()
 

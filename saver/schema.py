@@ -680,13 +680,17 @@ def encode_write_fields(
     return ormsgpack.packb([task_id, channel, value[0], value[1], task_path, idx])
 
 
+def _one_write(fields: Any) -> WriteRecord:
+    task_id, channel, vtype, vbytes, task_path, idx = fields
+    return _new_tuple(WriteRecord, (task_id, channel, (vtype, vbytes), task_path, idx))
+
+
 def decode_write(raw: bytes) -> WriteRecord:
     """A record of one write (every write record of a store before format 5)."""
     try:
-        task_id, channel, vtype, vbytes, task_path, idx = ormsgpack.unpackb(raw)
+        return _one_write(ormsgpack.unpackb(raw))
     except (ValueError, TypeError) as e:
         raise _damaged("write", e) from e
-    return _new_tuple(WriteRecord, (task_id, channel, (vtype, vbytes), task_path, idx))
 
 
 def decode_writes(raw: bytes) -> list[WriteRecord]:
@@ -694,8 +698,7 @@ def decode_writes(raw: bytes) -> list[WriteRecord]:
     try:
         fields = ormsgpack.unpackb(raw)
         if len(fields) == 6:
-            task_id, channel, vtype, vbytes, task_path, idx = fields
-            return [_new_tuple(WriteRecord, (task_id, channel, (vtype, vbytes), task_path, idx))]
+            return [_one_write(fields)]
         task_id, task_path, flat = fields
         return [
             _new_tuple(
@@ -718,7 +721,7 @@ def write_probe_keys(prefix: bytes, idxs: Iterable[int]) -> list[bytes]:
             special.append(i)
         elif i > top:
             top = i
-    return [prefix + _idx_element(i) for i in (*special, *range(top + 1))]
+    return write_keys(prefix, (*special, *range(top + 1)))
 
 
 def stored_idxs(records: Iterable[bytes | None]) -> set[int]:
@@ -736,20 +739,18 @@ def write_records(
     special write (negative idx) in a record of its own, which a later batch
     of special writes replaces."""
     out = []
-    flat: list[Any] = []
+    flat: list[Any] = []  # the regular writes: channel, type, bytes, idx, ...
     for idx, channel, value in writes:
         if idx < 0:
-            record = [task_id, channel, value[0], value[1], task_path, idx]
-            out.append((prefix + _idx_element(idx), ormsgpack.packb(record)))
+            record = encode_write_fields(task_id, channel, value, task_path, idx)
+            out.append((prefix + _idx_element(idx), record))
         else:
             flat += (channel, value[0], value[1], idx)
-    if flat:
-        first = prefix + _idx_element(flat[3])
-        if len(flat) == 4:  # one write: its own record
-            channel, vtype, vbytes, idx = flat
-            out.append((first, ormsgpack.packb([task_id, channel, vtype, vbytes, task_path, idx])))
-        else:
-            out.append((first, ormsgpack.packb([task_id, task_path, flat])))
+    if len(flat) == 4:  # one: a record of its own
+        record = encode_write_fields(task_id, flat[0], (flat[1], flat[2]), task_path, flat[3])
+        out.append((prefix + _idx_element(flat[3]), record))
+    elif flat:
+        out.append((prefix + _idx_element(flat[3]), ormsgpack.packb([task_id, task_path, flat])))
     return out
 
 

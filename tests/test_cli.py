@@ -556,7 +556,8 @@ def test_postgres_url_without_psycopg_names_the_extra(
 def test_encrypted_without_pycryptodome_names_the_extra(
     stores: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(sys.modules, "Crypto", None)
+    for name in ("Crypto", "Crypto.Cipher", "Crypto.Cipher.AES"):  # imported or not
+        monkeypatch.setitem(sys.modules, name, None)
     line = fail("threads", stores["lmdb"], "--encrypted")
     assert "pip install 'kvsaver[tools]'" in line
 

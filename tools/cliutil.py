@@ -44,11 +44,9 @@ def encrypting(serde: Any) -> Any:
     from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 
     try:
-        import Crypto  # noqa: F401
+        return EncryptedSerializer.from_pycryptodome_aes(serde=serde)
     except ImportError:
         raise Fail("--encrypted needs pycryptodome: pip install 'kvsaver[tools]'") from None
-    try:
-        return EncryptedSerializer.from_pycryptodome_aes(serde=serde)
     except ValueError as e:  # no key, or a key of the wrong length
         raise Fail(f"--encrypted: {e}") from None
 
