@@ -264,12 +264,23 @@ class Codec:
             return self.serde.dumps_typed(value)
         return self.wrap_small(*self.comp.serde.dumps_typed(value), remember=remember)
 
-    def dumps_small_plain(self, value: Any) -> tuple[S.Typed, bytes | Literal[False]]:
-        """(``dumps_small(value)``, what a head record holds for it:
-        ``heads.plain_of``): one serialization for both (only when
-        ``heads``)."""
-        typ, data = self.inner.dumps_typed(value)
-        return self.wrap_small(typ, data), H.plain_of(typ, data)
+    def dumps_checkpoint(
+        self, cp: Mapping[str, Any], small: Mapping[str, Any], heads: bool
+    ) -> tuple[S.Typed, bytes | Literal[False]]:
+        """(the stored checkpoint: ``cp`` with ``small`` as its
+        channel_values, ``dumps_small``'d; with ``heads``, the msgpack of
+        ``cp`` alone for the head, which holds the values apart, else False),
+        from one serialization."""
+        if not heads:
+            return self.dumps_small({**cp, "channel_values": small} if small else cp), False
+        typ, data = self.inner.dumps_typed(cp)
+        plain = H.plain_of(typ, data)
+        if small:
+            spliced = H.with_values(data, small) if typ == "msgpack" else None
+            if spliced is None:
+                return self.dumps_small({**cp, "channel_values": small}), plain
+            data = spliced
+        return self.wrap_small(typ, data), plain
 
     def wrap_small(self, typ: str, data: bytes, *, remember: bool = True) -> S.Typed:
         """``wrap`` with ``compress_small`` for the compression."""

@@ -48,7 +48,17 @@ import ormsgpack
 
 from ._msgpack import make_map_header, map_header
 
-__all__ = ["MAX_BYTES", "build", "parse", "payload", "plain_of", "version_key", "versions_of"]
+__all__ = [
+    "MAX_BYTES",
+    "build",
+    "parse",
+    "payload",
+    "plain_of",
+    "split_values",
+    "version_key",
+    "versions_of",
+    "with_values",
+]
 
 # A head is written while the checkpoint's values fit in this: a long chat's
 # message list outgrows it (its reads are served by deltas and the cache), and
@@ -245,6 +255,43 @@ def build(
             *parts,
         ]
     )
+
+
+def with_values(checkpoint_plain: bytes, small: Mapping[str, Any]) -> bytes | None:
+    """A checkpoint's msgpack with ``small`` as its channel_values (the
+    record's, ``saver/small.py``), spliced onto the msgpack made for the
+    head, which holds the values apart; None when it is not a map."""
+    cp = _map_body(checkpoint_plain)
+    if cp is None:
+        return None
+    return b"".join([make_map_header(cp[0] + 1), cp[1], _VALUES_KEY, ormsgpack.packb(dict(small))])
+
+
+def split_values(checkpoint_plain: bytes) -> tuple[bytes, dict[str, bytes]] | None:
+    """(a stored checkpoint's msgpack without its channel_values, {channel:
+    that value's msgpack}): what ``build`` takes. None when the checkpoint
+    holds a type msgpack's extensions name, which it could not write again
+    as it was."""
+    if _VALUES_KEY not in checkpoint_plain:
+        return checkpoint_plain, {}
+    named: list[int] = []
+    try:
+        cp = ormsgpack.unpackb(
+            checkpoint_plain,
+            ext_hook=lambda code, data: named.append(code),
+            option=ormsgpack.OPT_NON_STR_KEYS,
+        )
+    except (ValueError, TypeError):
+        return None
+    if named or type(cp) is not dict:
+        return None
+    small = cp.pop("channel_values", None)
+    if small is None:
+        return checkpoint_plain, {}
+    if type(small) is not dict or any(type(ch) is not str for ch in small):
+        return None
+    plain = ormsgpack.packb(cp, option=ormsgpack.OPT_NON_STR_KEYS)
+    return plain, {ch: ormsgpack.packb(v) for ch, v in small.items()}
 
 
 def _no_ext(code: int, data: bytes) -> None:

@@ -65,6 +65,7 @@ from . import delta as D
 from . import heads as H
 from . import retention as R
 from . import schema as S
+from . import small as SV
 from . import stats as ST
 from . import threads as TH
 from . import upgrade as U
@@ -337,6 +338,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         self._head_ids: dict[tuple[str, str], str] = {}
         # (thread, ns) -> sizes of stored values found while making no head
         self._head_sizes: dict[tuple[str, str], dict[tuple[str, type, Any], int]] = {}
+        # the small values of this saver's last put per (thread, ns): the next put's parent
+        self._small = SV.Memo()
         if whole_latest == "idle" and not self.store.readonly and not self._pipelined:
             # What its thread works on, held by this saver and its clones
             # (with_allowlist), weakly by the thread: a saver never closed
@@ -570,17 +573,20 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         if checkpoint is None:
             checkpoint = loads(rec.checkpoint)
         if not whole:
-            versions = checkpoint["channel_versions"]
+            versions = S.blob_versions(checkpoint)
             keys = S.read_blob_keys(thread, ns, versions)
             # On a network store the blobs are one get_many, and the
             # writes scan, called first (and taken over by _load_writes' identical
             # scan), travels in the same round trip. Local stores skip it.
             if self._pipelined:
                 txn.scan(*S.writes_range(thread, ns, cid))
-            # Whole or delta values, loaded in one loop.
-            checkpoint["channel_values"] = load_values(
-                txn, versions, keys, txn.get_many(keys), loads, fast
-            )
+            # Whole or delta values, loaded in one loop, and the small
+            # values the record holds.
+            values = load_values(txn, versions, keys, txn.get_many(keys), loads, fast)
+            small = checkpoint.get("channel_values")
+            if small:
+                values.update(small)
+            checkpoint["channel_values"] = values
         if stored_writes is None:
             stored_writes = self._load_writes(txn, thread, ns, cid)
         writes: list[PendingWrite] = [(w.task_id, w.channel, loads(w.value)) for w in stored_writes]
@@ -622,7 +628,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         for (rec, _), cp in zip(found, checkpoints):
             t, ns = rec.thread_id, rec.checkpoint_ns
             txn.scan(*S.writes_range(t, ns, rec.checkpoint_id))
-            keys.extend(key for _, key in S.blob_keys(t, ns, cp["channel_versions"]))
+            keys.extend(key for _, key in S.blob_keys(t, ns, S.blob_versions(cp)))
         txn.get_many(keys)
         return [
             self._load_tuple(txn, rec, metadata=m, checkpoint=cp)
@@ -876,13 +882,14 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         hkey = None if self._pipelined else S.head_key(thread, ns)
         heads = readable and (self._whole_latest is True or self._wanted(hkey))
         idle = self._idle if readable else None
-        blobs = codec.prepare(thread, ns, new_versions, values, dumps, parent_id, heads)
-        # A small record: zstd with a dictionary.
-        cp_plain: bytes | Literal[False] = False
-        if heads:  # and its msgpack for the head, from the same serialization
-            cp_typed, cp_plain = codec.dumps_small_plain(cp)
-        else:
-            cp_typed = codec.dumps_small(cp)
+        versions = cp.get("channel_versions") or {}
+        small, to_blobs = SV.split(
+            lambda: self._parent_small(thread, ns, parent_id), versions, new_versions, values
+        )
+        blobs = codec.prepare(thread, ns, to_blobs, values, dumps, parent_id, heads)
+        # A small record (zstd with a dictionary) holding the small values,
+        # and with heads its msgpack without them, from one serialization.
+        cp_typed, cp_plain = codec.dumps_checkpoint(cp, small, heads)
         rec = S.make_checkpoint_record(
             thread,
             ns,
@@ -899,8 +906,9 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
 
         akey = S.activity_key(thread)
         if heads:
-            versions = cp.get("channel_versions") or {}
             mine = {p.channel: (new_versions[p.channel], p.head) for p in blobs}
+            # and the record's small values: a head holds what the record does
+            mine.update(SV.for_head(versions, small))
 
         def write(txn: Any) -> None:
             # The reads of this function (touch() reads akey, the codec its
@@ -928,12 +936,27 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # transact(): concurrent puts share one commit and one sync.
         self.store.transact(write)
         codec.remember(thread, ns, checkpoint_id, cp.get("channel_versions"))
+        self._small.put(thread, ns, checkpoint_id, SV.held(versions, small))
         if idle is not None:
             idle.note((thread, ns))
         if self._last_put is not None:
-            _remember_put(self._last_put, (thread, ns), checkpoint_id, cp.get("channel_versions"))
+            blob_versions = S.blob_versions({"channel_versions": versions, "channel_values": small})
+            _remember_put(self._last_put, (thread, ns), checkpoint_id, blob_versions)
         self._sweeper.maybe_step(self)  # retention: a bounded step when one is due
         return _config(thread, ns, checkpoint_id)
+
+    def _parent_small(self, thread: str, ns: str, parent_id: Any) -> SV.Held:
+        """The small values of a put's parent (``saver/small.py``): this
+        process's last put of (thread, ns), or the parent's stored record."""
+        if not parent_id:
+            return {}
+        pid = str(parent_id)
+        found = self._small.get(thread, ns, pid)
+        if found is None:
+            with self.store.read() as txn:
+                raw = txn.get(S.checkpoint_key(thread, ns, pid))
+            found = SV.of_record(self._readers()[0], raw)
+        return found
 
     def _wanted(self, hkey: bytes | None) -> bool:
         """Whether this put writes the head keyed ``hkey`` because a reader
@@ -981,7 +1004,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         """Write (or delete) the head of (thread, ns) in a put's transaction:
         left alone when it holds a newer checkpoint than this one.
         ``versions``: the checkpoint's channel_versions; ``mine``: channel ->
-        (version, ``Pending.head``) of the values this put writes."""
+        (version, ``Pending.head``) of the values this put writes and of
+        the record's small values."""
         parsed = H.parse(previous)
         if parsed is not None and parsed[0] > rec.checkpoint_id:
             # A newer checkpoint's head stays, unless this put rewrote a
@@ -1213,10 +1237,10 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
                 if raw is None:
                     break
                 rec = S.decode_checkpoint(raw)
-                versions = TH.versions(self.serde, rec)
+                cp = loads(rec.checkpoint)
                 found: dict[str, Any] = {}
                 for ch in remaining:
-                    typed = TH.stored_value(txn, thread, ns, versions, ch, self.serde)
+                    typed = TH.stored_value(txn, thread, ns, cp, ch, self.serde)
                     if typed is not None:
                         found[ch] = loads(typed)
                 for w in reversed(self._load_writes(txn, thread, ns, cursor)):
@@ -1613,13 +1637,18 @@ class _IdleHeads:
             return None  # already this checkpoint's
         codec = D.codec(self.serde)
         rec = S.decode_checkpoint(raw)
-        cp_plain = H.plain_of(*codec.unwrap(*rec.checkpoint))
-        versions = H.versions_of(cp_plain) if cp_plain is not False else None
+        plain = H.plain_of(*codec.unwrap(*rec.checkpoint))
+        split = H.split_values(plain) if plain is not False else None
+        if split is None:
+            return None
+        cp_plain, small = split
+        versions = H.versions_of(cp_plain)
         if versions is None:  # (read without decoding a value: no stored code runs)
             return None
+        mine = {ch: (versions[ch], b) for ch, b in small.items() if ch in versions}
         blobs: dict[bytes, bytes | None] = {}
         head = _build_head(
-            txn, codec, rec, raw, cp_plain, versions, {}, None, None, self.head_sizes, blobs
+            txn, codec, rec, raw, cp_plain, versions, mine, None, None, self.head_sizes, blobs
         )
         if head is None:
             return None

@@ -851,7 +851,8 @@ def _keep_ext(code: int, data: bytes) -> ormsgpack.Ext:
 
 class _Splitter:
     """A SqliteSaver checkpoint -> (the checkpoint without channel_values,
-    {channel: a function returning its value}).
+    {channel: a function returning its value}, {channel: its value} of the
+    small values (``schema.is_small``), which go in the record).
 
     SqliteSaver keeps every channel value inside the checkpoint's one blob,
     but only the values of (channel, version) pairs not stored yet are
@@ -871,18 +872,26 @@ class _Splitter:
 
     def __call__(
         self, typed: tuple[str, bytes]
-    ) -> tuple[dict[str, Any], dict[str, Callable[[], Any]]]:
+    ) -> tuple[dict[str, Any], dict[str, Callable[[], Any]], dict[str, Any]]:
         if self.lazy and typed[0] == "msgpack":
             raw = ormsgpack.unpackb(typed[1], ext_hook=_keep_ext, option=ormsgpack.OPT_NON_STR_KEYS)
             if isinstance(raw, dict) and isinstance(raw.get("channel_values", {}), dict):
                 raw_values = raw.pop("channel_values", None) or {}
                 checkpoint = self._decode(raw)
-                return checkpoint, {
-                    ch: functools.partial(self._decode, v) for ch, v in raw_values.items()
-                }
+                # a scalar unpacks as the serializer would load it (an
+                # extension object stays opaque, and is not small)
+                return (
+                    checkpoint,
+                    {ch: functools.partial(self._decode, v) for ch, v in raw_values.items()},
+                    {ch: v for ch, v in raw_values.items() if S.is_small(v)},
+                )
         checkpoint = self.loads(typed)
         values = checkpoint.pop("channel_values", None) or {}
-        return checkpoint, {ch: functools.partial(_same, v) for ch, v in values.items()}
+        return (
+            checkpoint,
+            {ch: functools.partial(_same, v) for ch, v in values.items()},
+            {ch: v for ch, v in values.items() if S.is_small(v)},
+        )
 
 
 def _same(value: Any) -> Any:
@@ -921,19 +930,22 @@ def _put_checkpoint(
     parent: Any,
     typed: tuple[str, bytes],
     meta_raw: Any,
-    split: Callable[[tuple[str, bytes]], tuple[dict[str, Any], dict[str, Callable[[], Any]]]],
+    split: Callable[
+        [tuple[str, bytes]],
+        tuple[dict[str, Any], dict[str, Callable[[], Any]], dict[str, Any]],
+    ],
     dumps: Callable[[Any], tuple[str, bytes]],
     where: str,
     codec: D.Codec | None = None,
 ) -> None:
     """One checkpoint as ``KVSaver.put`` stores it: a blob per (channel, version)
     not stored yet (through ``codec``: a list that extends its parent's is a
-    delta), the record without channel_values, and every index key
-    (``schema.index_keys``)."""
+    delta), the record with its small values as channel_values, and every
+    index key (``schema.index_keys``)."""
     thread, ns, cid = ids
     txn = put.txn
     try:
-        checkpoint, values = split(typed)
+        checkpoint, values, small = split(typed)
         metadata = json.loads(meta_raw) if meta_raw is not None else {}
     except Exception as e:
         raise MigrationError(f"{where}: cannot decode it: {e!r}") from e
@@ -948,6 +960,8 @@ def _put_checkpoint(
         )
     try:
         for channel, version in versions.items():
+            if channel in small:
+                continue  # in the record
             mark = (channel, version, type(version))  # 1 == 1.0, but their keys differ
             if mark in seen:
                 continue
@@ -968,6 +982,8 @@ def _put_checkpoint(
             put.stats.blobs_written += 1
         if not isinstance(metadata, dict):
             raise MigrationError(f"{where}: metadata is not a JSON object: {metadata!r}")
+        if small:
+            checkpoint = {**checkpoint, "channel_values": small}
         record = S.make_checkpoint_record(
             thread,
             ns,

@@ -5,7 +5,10 @@ All keys are ``kv.keys.pack``-ed tuples; the first element names the keyspace.
 ==========  ===============================================  ==========================
 keyspace    key                                              value
 ==========  ===============================================  ==========================
-checkpoint  ("c", thread, ns, checkpoint_id)                 CheckpointRecord
+checkpoint  ("c", thread, ns, checkpoint_id)                 CheckpointRecord (its
+                                                             checkpoint's
+                                                             channel_values: the
+                                                             small values, format 6)
 blob        ("b", thread, ns, channel, version)              type NUL bytes (no
                                                              record, or type "empty"
                                                              before format 4: no
@@ -57,7 +60,9 @@ format   written    difference from the next
                     without a value has an "empty" record (format 4: none)
 4        after      every pending write a record of its own (format 5: the
          0.1.0      regular writes of one ``put_writes`` in one record)
-5        after      (current)
+5        after      every value in a blob (format 6: small values in the
+         0.1.0      checkpoint record)
+6        after      (current)
          0.1.0
 =======  =========  ==========================================================
 
@@ -96,6 +101,17 @@ id, and the records keep the full strings. What is lost is only the position
 of such over-long ids among short ones; ids that LangGraph generates (uuid6
 checkpoint ids, version strings) are far below the limit and keep their exact
 order, which is what "latest = last key" relies on.
+
+**Small values** (format 6): a channel value ``is_small`` says is small
+(None, a number, a short str: a graph's triggers and counters) is kept in
+the checkpoint's ``channel_values``, serialized and compressed with the
+checkpoint, and has no blob. The record holds every small value of the
+checkpoint, the unchanged ones copied from its parent's record when the
+parent holds that version, so a read finds them without knowing where each
+version was first written; a channel not in the record's
+``channel_values`` is read from its blob (``blob_versions``). Records
+without it (older formats, a writer that keeps every value in blobs) read
+the same way.
 
 **Delta values** (format 3, ``saver/delta.py``): a list channel's version that
 extends, element for element and byte for byte, the version stored at the
@@ -137,7 +153,7 @@ import ormsgpack
 from kvsaver.kv import CorruptStoreError
 from kvsaver.kv.keys import pack, prefix_range, unpack
 
-FORMAT_VERSION = 5  # 3: delta records; 4: ".zd1" values; 5: batches of writes
+FORMAT_VERSION = 6  # 3: deltas; 4: ".zd1" values; 5: batches of writes; 6: small values inline
 SCHEMA_KEY = pack(("meta", "schema"))
 _MAX_INLINE = 94  # escaped UTF-8 bytes; 5 inline strings + codes stay < 511
 
@@ -517,12 +533,44 @@ def idle_range(start_ms: int | None = None, stop_ms: int | None = None) -> tuple
 # -- records ----------------------------------------------------------------
 
 
+# -- small values ----------------------------------------------------------
+
+SMALL_STR = 32  # characters of a str value kept in the checkpoint record
+_INT64 = (-(1 << 63), (1 << 64) - 1)  # ints msgpack holds as one of its own
+
+
+def is_small(value: Any) -> bool:
+    """Whether a channel value is kept in its checkpoint's record instead of
+    a blob of its own: None, a bool, a float, an int msgpack holds, a short
+    str (exact types: an enum or a subclass goes to a blob). A graph's
+    triggers and counters are most of its values and a few bytes each; a
+    blob of its own would cost a row, its key twice and a get per read.
+    Decided by the value alone, so every writer decides alike."""
+    t = type(value)
+    if value is None or t is bool or t is float:
+        return True
+    if t is int:
+        return _INT64[0] <= value <= _INT64[1]
+    return t is str and len(value) <= SMALL_STR
+
+
+def blob_versions(checkpoint: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The channel_versions of a stored checkpoint whose values are in blobs:
+    those not in its record's ``channel_values`` (format 6 keeps the small
+    values there; an older record has none, and every value is a blob)."""
+    versions = checkpoint["channel_versions"]
+    small = checkpoint.get("channel_values")
+    if not small:
+        return versions
+    return {ch: v for ch, v in versions.items() if ch not in small}
+
+
 class CheckpointRecord(NamedTuple):
     thread_id: str
     checkpoint_ns: str
     checkpoint_id: str
     parent_id: str | None
-    checkpoint: Typed  # the checkpoint without channel_values
+    checkpoint: Typed  # the checkpoint, its channel_values only the small ones
     metadata: Typed
     run_id: str | None
     meta: list[list[Any]]  # meta index entries (see meta_entries)
@@ -537,8 +585,9 @@ def make_checkpoint_record(
     metadata: Mapping[str, Any],
     dumps: Callable[[Any], Typed],
 ) -> CheckpointRecord:
-    """The record of a checkpoint (serialized without channel_values), with
-    the run id and meta index entries its metadata implies."""
+    """The record of a checkpoint (serialized with only its small
+    channel_values), with the run id and meta index entries its metadata
+    implies."""
     run_id = metadata.get("run_id")
     return CheckpointRecord(
         thread_id=thread,

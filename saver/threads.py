@@ -54,13 +54,17 @@ def stored_value(
     txn: Any,
     thread: str,
     ns: str,
-    channel_versions: Mapping[str, Any],
+    checkpoint: Mapping[str, Any],
     channel: str,
     serde: SerializerProtocol,
 ) -> S.Typed | None:
-    """The value a checkpoint with these versions stored for ``channel``, or
-    None when it stored none (no version, or the "empty" marker): what ends a
-    DeltaChannel's walk back to its seed."""
+    """The value a stored checkpoint (decoded) holds for ``channel``, in its
+    record or its blob, or None when it holds none (no version, or the
+    "empty" marker): what ends a DeltaChannel's walk back to its seed."""
+    small = checkpoint.get("channel_values")
+    if small and channel in small:
+        return serde.dumps_typed(small[channel])
+    channel_versions = checkpoint["channel_versions"]
     if channel not in channel_versions:
         return None
     key = S.blob_key(thread, ns, channel, channel_versions[channel])
@@ -153,9 +157,9 @@ def keep_latest(
         while delta and cursor is not None and cursor in records:
             rec = records[cursor]
             keep.add(cursor)
-            vs = versions(serde, rec)
+            cp = serde.loads_typed(rec.checkpoint)
             for ch in list(delta):
-                if stored_value(txn, thread, ns, vs, ch, serde) is not None:
+                if stored_value(txn, thread, ns, cp, ch, serde) is not None:
                     delta.discard(ch)
             cursor = rec.parent_id
     deleted = 0

@@ -90,11 +90,20 @@ def _write_batches_allowed(txn: Any) -> dict[str, int]:
     return {}
 
 
+def _small_values_inline(txn: Any) -> dict[str, int]:
+    """Format 5 -> 6: a checkpoint record may now hold its small values
+    (``schema.is_small``) instead of blobs. Nothing to rewrite: a record
+    without them reads every value from its blobs; the number makes an older
+    kvsaver refuse the store rather than read those channels as empty."""
+    return {}
+
+
 UPGRADES: dict[int, Callable[[Any], dict[str, int]]] = {
     1: _writes_by_task_id,
     2: _deltas_allowed,
     3: _small_dictionary_allowed,
     4: _write_batches_allowed,
+    5: _small_values_inline,
 }
 
 

@@ -284,17 +284,26 @@ def check_tuple(tup: CheckpointTuple, *, expect_marker: bool = False) -> list[st
 
 def missing_blobs(saver: KVSaver, tup: CheckpointTuple) -> list[str]:
     """Versions of the graph's state channels (``count``, ``log``: they
-    always hold a value once written) with no blob record in the store: a
-    half-written checkpoint has some. LangGraph's own channels are not
-    checked: a consumed input or trigger has no value, and since issue #15
+    always hold a value once written) with neither a blob record in the store
+    nor a value in the checkpoint's record (format 6 keeps small values
+    there): a half-written checkpoint has some. LangGraph's own channels are
+    not checked: a consumed input or trigger has no value, and since issue #15
     no record either (absent reads as empty)."""
     conf = tup.config["configurable"]
-    thread, ns = conf["thread_id"], conf.get("checkpoint_ns", "")
+    thread, ns, cid = conf["thread_id"], conf.get("checkpoint_ns", ""), conf["checkpoint_id"]
     with saver.store.read() as txn:
+        raw = txn.get(S.checkpoint_key(thread, ns, cid))
+        if raw is None:
+            return [f"{cid}: no record"]
+        in_record = (
+            saver.serde.loads_typed(S.decode_checkpoint(raw).checkpoint).get("channel_values") or {}
+        )
         return [
-            f"{conf['checkpoint_id']}: no blob for {ch}@{ver}"
+            f"{cid}: no blob for {ch}@{ver}"
             for ch, ver in tup.checkpoint["channel_versions"].items()
-            if ch in ("count", "log") and txn.get(S.blob_key(thread, ns, ch, ver)) is None
+            if ch in ("count", "log")
+            and ch not in in_record
+            and txn.get(S.blob_key(thread, ns, ch, ver)) is None
         ]
 
 

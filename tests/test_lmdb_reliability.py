@@ -544,7 +544,7 @@ def test_a_damaged_record_is_corrupt(tmp_path: Path, damage: str) -> None:
 
     path = tmp_path / "s"
     with KVSaver(path) as saver:
-        _put(saver, "t")
+        _put(saver, "t", ["t"])  # a list: a blob (a short str would be in the record)
         config = saver.list({"configurable": {"thread_id": "t"}}).__next__().config
         saver.put_writes(config, [("v", "pending")], "task")
         kind = {"checkpoint": "c", "blob": "b", "write": "w", "activity": "a", "key": "c"}[damage]

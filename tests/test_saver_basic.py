@@ -423,12 +423,12 @@ def test_prune_keep_latest_and_delete(kv: KVSaver) -> None:
             v = {"a": ver(i), "b": ver(1)}
             kv.put(
                 config("t", ns, f"{i - 1}" if i > 1 else None),
-                make_checkpoint(f"{i}", {"a": i, "b": "B"}, v),
+                make_checkpoint(f"{i}", {"a": [i], "b": ["B"]}, v),  # lists: blobs
                 {},
                 {"a": ver(i), "b": ver(1)} if i == 1 else {"a": ver(i)},
             )
             kv.put_writes(config("t", ns, f"{i}"), [("a", i)], f"task{i}")
-    kv.put(config("u"), make_checkpoint("1", {"z": 1}, {"z": 1}), {}, {"z": 1})
+    kv.put(config("u"), make_checkpoint("1", {"z": [1]}, {"z": 1}), {}, {"z": 1})
     latest = {ns: kv.get_tuple(config("t", ns)) for ns in ("", "child:1")}
     kv.prune(["t", "never-seen"])
     for ns in ("", "child:1"):
@@ -451,7 +451,8 @@ def test_copy_thread_and_delete_for_runs(kv: KVSaver) -> None:
     for i, run in enumerate(["r1", "r1", "r2"], start=1):
         v = {"a": ver(i)}
         parent = str(i - 1) if i > 1 else None
-        kv.put(config("src", "", parent), make_checkpoint(str(i), {"a": i}, v), {"run_id": run}, v)
+        cp = make_checkpoint(str(i), {"a": [i]}, v)  # a list: a blob
+        kv.put(config("src", "", parent), cp, {"run_id": run}, v)
         kv.put_writes(config("src", "", str(i)), [("a", -i)], "task")
     kv.copy_thread("src", "dst")
     src, dst = tuples(kv.list(config("src"))), tuples(kv.list(config("dst")))
@@ -466,7 +467,7 @@ def test_copy_thread_and_delete_for_runs(kv: KVSaver) -> None:
     kv.delete_for_runs(["r1"])
     assert ids(kv.list(config("src"))) == ["3"] and ids(kv.list(config("dst"))) == ["3"]
     # The run-2 checkpoint still reads (its own blob kept), its r1 blobs are gone.
-    assert kv.get_tuple(config("dst")).checkpoint["channel_values"] == {"a": 3}
+    assert kv.get_tuple(config("dst")).checkpoint["channel_values"] == {"a": [3]}
     assert sorted(k[3:] for k in blob_keys(kv) if k[1] == "src") == [("a", ver(3))]
     kv.delete_for_runs(["r2", "unknown"])
     assert list(kv.list(None)) == []

@@ -143,7 +143,7 @@ def test_stats_agree_with_what_was_written(any_saver: KVSaver) -> None:
         t = by_thread[thread]
         assert (t.checkpoints, t.blobs, t.writes, t.bytes) == (e["c"], e["b"], e["w"], e["bytes"])
     assert by_thread["big"].checkpoints == 6 + 1 and by_thread["big"].writes == 6
-    assert by_thread["big"].blobs == 2 * 6
+    assert by_thread["big"].blobs == 6  # the message lists; each turn number is in its record
     assert by_thread["orphan"].writes == 2 and by_thread["orphan"].checkpoints == 0
     assert stats.live_bytes == live
     assert stats.checkpoints == 2 + 7 + 4 and stats.writes == 2 + 6 + 4 + 2

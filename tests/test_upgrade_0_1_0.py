@@ -145,12 +145,14 @@ def test_0_1_0_store_upgrades_on_open_and_reads_as_sqlitesaver(
     _apply(ref, CALLS)
     with _open_copy(backend, tmp_path) as saver:
         schema = _schema(saver)
-        assert schema["format"] == S.FORMAT_VERSION == 5
-        [step, deltas, small, batches] = schema["upgrades"]  # 2 -> 3 -> 4 -> 5: nothing rewritten
+        assert schema["format"] == S.FORMAT_VERSION == 6
+        # 2 -> 3 -> 4 -> 5 -> 6: nothing rewritten
+        [step, deltas, small, batches, inline] = schema["upgrades"]
         assert (step["from"], step["to"]) == (1, 2)
         assert deltas == {"from": 2, "to": 3}
         assert small == {"from": 3, "to": 4}
         assert batches == {"from": 4, "to": 5}
+        assert inline == {"from": 5, "to": 6}
         # Three (task_id, idx) pairs held under two paths (task-c idx 0, task-d
         # INTERRUPT, the long task id idx 0) in the last checkpoint of each of
         # the 4 (thread, ns) chains.
@@ -169,7 +171,7 @@ def test_0_1_0_store_upgrades_on_open_and_reads_as_sqlitesaver(
         _same_as(saver, ref)
     # Reopened: no second upgrade, the same contents.
     with _open_copy(backend, tmp_path) as saver:
-        assert _schema(saver)["upgrades"] == [step, deltas, small, batches]
+        assert _schema(saver)["upgrades"] == [step, deltas, small, batches, inline]
         _same_as(saver, ref)
         # The other operations over write keys, on the upgraded store.
         thread = EXPECTED[0]["thread_id"]
@@ -266,6 +268,7 @@ def test_colliding_0_1_0_writes_keep_the_smallest_task_path(tmp_path: Path) -> N
             {"from": 2, "to": 3},
             {"from": 3, "to": 4},
             {"from": 4, "to": 5},
+            {"from": 5, "to": 6},
         ]
         assert saver.get_tuple(config("t")).pending_writes == want
         assert saver.stats().writes == 4
