@@ -267,9 +267,9 @@ def with_values(checkpoint_plain: bytes, small: Mapping[str, Any]) -> bytes | No
     return b"".join([make_map_header(cp[0] + 1), cp[1], _VALUES_KEY, ormsgpack.packb(dict(small))])
 
 
-def split_values(checkpoint_plain: bytes) -> tuple[bytes, dict[str, bytes]] | None:
-    """(a stored checkpoint's msgpack without its channel_values, {channel:
-    that value's msgpack}): what ``build`` takes. None when the checkpoint
+def split_values(checkpoint_plain: bytes) -> tuple[bytes, dict[str, Any]] | None:
+    """(a stored checkpoint's msgpack without its channel_values, those
+    values): the first is what ``build`` takes. None when the checkpoint
     holds a type msgpack's extensions name, which it could not write again
     as it was."""
     if _VALUES_KEY not in checkpoint_plain:
@@ -290,8 +290,7 @@ def split_values(checkpoint_plain: bytes) -> tuple[bytes, dict[str, bytes]] | No
         return checkpoint_plain, {}
     if type(small) is not dict or any(type(ch) is not str for ch in small):
         return None
-    plain = ormsgpack.packb(cp, option=ormsgpack.OPT_NON_STR_KEYS)
-    return plain, {ch: ormsgpack.packb(v) for ch, v in small.items()}
+    return ormsgpack.packb(cp, option=ormsgpack.OPT_NON_STR_KEYS), small
 
 
 def _no_ext(code: int, data: bytes) -> None:

@@ -1645,7 +1645,7 @@ class _IdleHeads:
         versions = H.versions_of(cp_plain)
         if versions is None:  # (read without decoding a value: no stored code runs)
             return None
-        mine = {ch: (versions[ch], b) for ch, b in small.items() if ch in versions}
+        mine = SV.for_head(versions, small)
         blobs: dict[bytes, bytes | None] = {}
         head = _build_head(
             txn, codec, rec, raw, cp_plain, versions, mine, None, None, self.head_sizes, blobs

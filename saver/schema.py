@@ -106,9 +106,10 @@ order, which is what "latest = last key" relies on.
 (None, a number, a short str: a graph's triggers and counters) is kept in
 the checkpoint's ``channel_values``, serialized and compressed with the
 checkpoint, and has no blob. The record holds every small value of the
-checkpoint, the unchanged ones copied from its parent's record when the
-parent holds that version, so a read finds them without knowing where each
-version was first written; a channel not in the record's
+checkpoint, changed or not (an unchanged one the put is given no value for
+comes from its parent's record, when that holds the version), so a read
+finds them without knowing where each version was first written; a channel
+not in the record's
 ``channel_values`` is read from its blob (``blob_versions``). Records
 without it (older formats, a writer that keeps every value in blobs) read
 the same way.

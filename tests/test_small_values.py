@@ -181,7 +181,7 @@ def test_split_values() -> None:
     assert ormsgpack.unpackb(spliced) == {**cp, "channel_values": {"n": None, "s": "x"}}
     rest, values = H.split_values(spliced) or (b"", {})
     assert ormsgpack.unpackb(rest) == cp
-    assert values == {"n": ormsgpack.packb(None), "s": ormsgpack.packb("x")}
+    assert values == {"n": None, "s": "x"}
     # an extension type in the checkpoint: it could not be written again as it was
     ext = ormsgpack.packb({**cp, "channel_values": {}, "x": ormsgpack.Ext(5, b"?")})
     assert H.split_values(ext) is None
