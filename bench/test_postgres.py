@@ -21,8 +21,8 @@ and highest ("rounds"), so a figure is seen with its spread:
                    writes, 50 calls per round
   list:limit10     list(thread, limit=10) read through, 20 calls per round
   graph            a real LangGraph agent loop (bench/_workloads.build_agent),
-                   3 threads x 30 turns, 12 rounds (3 rounds moved a figure by
-                   0.3x between runs); each thread run without a
+                   3 threads x 30 turns, 12 rounds (fewer let the figure move
+                   between runs); each thread run without a
                    saver and with each saver back to back, order rotated; per
                    round, overhead per superstep = (with saver - without) /
                    checkpoints
@@ -50,7 +50,8 @@ same run, ratios to PostgresSaver alike).
 The server: a throwaway cluster started here with PostgreSQL's default
 durability (fsync and synchronous_commit on: a commit is a WAL flush, as in
 production), or the one named by KVSAVER_BENCH_PG_URL. Skipped, with the
-reason, where PostgreSQL is not installed. Results: bench/results/postgres.json.
+reason, where PostgreSQL is not installed. Results: bench/results/postgres.json
+(groups ``postgres:ops`` and ``postgres:bytes``).
 The smoke mode (``--quick``) runs 2 rounds of 10 calls and small byte workloads.
 """
 
