@@ -92,12 +92,16 @@ def test_at_least_goals_and_missing_values() -> None:
             {"target": "reads/s", "value": 2.0, "goal": 2.5, "at_most": False},
             {"target": "ops/s", "value": 3.5, "goal": 3.0, "at_most": False},
             {"target": "bytes", "value": None, "goal": 0.3},
+            {"target": "at most, at the goal", "value": 0.8, "goal": 0.8},
+            {"target": "at least, at the goal", "value": 1.5, "goal": 1.5, "at_most": False},
         ]
     )
     assert _statuses("\n".join(lines)) == {
         "reads/s": "**not met**",
         "ops/s": "met",
         "bytes": "not measured",
+        "at most, at the goal": "met",
+        "at least, at the goal": "met",
     }
 
 
