@@ -1,4 +1,4 @@
-"""Concurrency measurements shared by bench_concurrency.py (pytest and script).
+"""The process and thread workloads of test_concurrency.py.
 
 readers_writer(): 1 writer process + N reader processes on one store, for a
 fixed window. The writer keeps 100 threads going (round robin, one ``put`` of
@@ -33,11 +33,9 @@ from _workloads import (
     KV_LMDB,
     KV_WHOLE,
     SQLITE,
-    Recorder,
     ThreadGen,
     close_saver,
     make_saver,
-    raw_commit,
     task_id,
     writes_for,
 )
@@ -89,7 +87,7 @@ def _writer(name: str, workdir: str, ready: Any, barrier: Any, window: float, ou
             a = g.next()
             saver.put(a.config, a.checkpoint, a.metadata, a.new_versions)
     # Generate the window's put arguments ahead, so the window times the saver.
-    pending = [g.next() for _ in range(45) for g in gens]  # ~900 puts/s at most here
+    pending = [g.next() for _ in range(45) for g in gens]  # more than a window takes
 
     def step(i: int) -> bool:
         a = pending[i]
@@ -189,32 +187,3 @@ def threaded_put_writes(saver: Any, pool: ThreadPoolExecutor, ops: WritesOps) ->
 
     for f in [pool.submit(one, mine) for mine in ops]:
         f.result()
-
-
-def batch_pairs(threads: int) -> list[tuple[bytes, bytes]]:
-    """The (key, value) pairs KVSaver writes for one ``put_writes`` of each of
-    ``threads`` threads of ``put_writes_ops``: what one commit of a full batch
-    of threaded_put_writes holds."""
-    rec = Recorder()
-    try:
-        return [
-            pair
-            for mine in put_writes_ops(threads, 1, "batch")
-            for op in mine
-            for pair in rec.put_writes(*op)
-        ]
-    finally:
-        rec.saver.close()
-
-
-def batch_commit_seconds(env: Any, pairs: list[tuple[bytes, bytes]], tag: str) -> float:
-    """One raw durable py-lmdb commit of ``pairs`` into ``env``, under keys made
-    new by ``tag`` (inserts, as the writes' own keys are): its seconds. With
-    one put_writes in flight per thread, T threads never commit more than
-    T operations at once, so T / this is as many operations per second as
-    they can reach, whatever their CPU (bench/w8_bound13.py)."""
-    suffix = tag.encode()
-    new = [(k + suffix, v) for k, v in pairs]
-    t0 = time.perf_counter()
-    raw_commit(env, new)
-    return time.perf_counter() - t0

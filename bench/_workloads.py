@@ -1,22 +1,37 @@
-"""Shared pieces of the benchmark suites (issue #6): the savers under test, the
-fixed synthetic workload (checkpoint sequences, pending writes), the real
-StateGraph agent, store builders and the floor helpers.
+"""Shared pieces of the benchmark suites: the savers under test, the fixed
+synthetic workload (checkpoint sequences, pending writes), the real StateGraph
+agent, store builders, the floor helpers, paired rounds and the results files.
 
 Everything here is deterministic except checkpoint ids (uuid6, as LangGraph
 makes them) and channel versions (each saver's own ``get_next_version``).
+
+Only the public API of ``kvsaver`` and ``kvsaver.kv`` is used (KVSaver and its
+options, the Store protocol, LMDBStore, Retention, compact_lmdb), so the same
+suite runs against an older checkout of the code for an A/B.
+
+``KVSAVER_BENCH_QUICK=1`` (or ``pytest bench --quick``) is the smoke mode:
+fewer rounds and smaller stores everywhere; its figures are not results.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import json
 import os
+import platform
 import random
 import sqlite3
+import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from importlib import metadata
 from typing import Annotated, Any, TypedDict
 
 import lmdb
@@ -33,8 +48,8 @@ from langgraph.graph.message import add_messages
 
 KV_LMDB = "kvsaver-lmdb"
 KV_MEM = "kvsaver-memory"
-KV_WHOLE = "kvsaver-lmdb-whole"  # KVSaver(dir, whole_latest=True): issue #13 read rows only
-KV_BLOBS = "kvsaver-lmdb-blobs"  # KVSaver(dir, whole_latest=False): issue #13 read rows only
+KV_WHOLE = "kvsaver-lmdb-whole"  # KVSaver(dir, whole_latest=True): the wide-store read rows
+KV_BLOBS = "kvsaver-lmdb-blobs"  # KVSaver(dir, whole_latest=False): the wide-store read rows
 SQLITE = "sqlite"
 INMEM = "inmemory"
 SAVERS = [KV_LMDB, KV_MEM, SQLITE, INMEM]
@@ -47,7 +62,7 @@ def make_saver(name: str, workdir: str, **kv_options: Any) -> BaseCheckpointSave
     empty directory for the on-disk savers."""
     if name == KV_LMDB:
         return KVSaver(os.path.join(workdir, "kv"), **kv_options)
-    if name == KV_WHOLE:  # whole_latest=True (issue #13, saver/heads.py)
+    if name == KV_WHOLE:  # every put rewrites the thread's head
         return KVSaver(os.path.join(workdir, "kv"), whole_latest=True, **kv_options)
     if name == KV_BLOBS:  # no heads: a thread read before it went idle
         return KVSaver(os.path.join(workdir, "kv"), whole_latest=False, **kv_options)
@@ -264,10 +279,13 @@ class ReadStore:
     checkpoints: int
 
 
-def populate(saver: BaseCheckpointSaver, *, tag_threads: bool = True) -> tuple[dict, dict, int]:
-    """Write the read store through the saver's own ``put``/``put_writes``."""
+def populate(
+    saver: BaseCheckpointSaver, *, tag_threads: bool = True, threads: int = N_THREADS
+) -> tuple[dict, dict, int]:
+    """Write the read store through the saver's own ``put``/``put_writes``
+    (``threads`` - 1 small threads and the big one)."""
     n = 0
-    for i in range(N_THREADS - 1):
+    for i in range(threads - 1):
         gen = ThreadGen(
             saver,
             f"thread-{i:04d}",
@@ -295,12 +313,12 @@ def populate(saver: BaseCheckpointSaver, *, tag_threads: bool = True) -> tuple[d
     return latest, by_id, n
 
 
-def build_read_store(name: str, workdir: str) -> ReadStore:
+def build_read_store(name: str, workdir: str, threads: int = N_THREADS) -> ReadStore:
     """Build fast (no fsync while building), then reopen with the defaults."""
     t0 = time.perf_counter()
     if name in (KV_LMDB, KV_WHOLE):
         builder = make_saver(name, workdir, durability="none")
-        latest, by_id, n = populate(builder)
+        latest, by_id, n = populate(builder, threads=threads)
         builder.store.sync()  # type: ignore[attr-defined]
         close_saver(builder)
         saver = make_saver(name, workdir)
@@ -308,38 +326,38 @@ def build_read_store(name: str, workdir: str) -> ReadStore:
         builder = make_saver(name, workdir)
         builder.setup()  # type: ignore[attr-defined]
         builder.conn.execute("PRAGMA synchronous=OFF")  # type: ignore[attr-defined]
-        latest, by_id, n = populate(builder)
+        latest, by_id, n = populate(builder, threads=threads)
         close_saver(builder)
         saver = make_saver(name, workdir)
     else:
         saver = make_saver(name, workdir)
-        latest, by_id, n = populate(saver)
+        latest, by_id, n = populate(saver, threads=threads)
     tag = "tag-7"
     matches = len(list(saver.list(None, filter={"source": "input", "tag": tag})))
-    assert matches == sum(1 for i in range(N_THREADS - 1) if i % N_TAGS == 7), matches
+    assert matches == sum(1 for i in range(threads - 1) if i % N_TAGS == 7), matches
     return ReadStore(name, saver, latest, by_id, tag, matches, time.perf_counter() - t0, n)
 
 
-# -- issue #13's read store: 1,000 threads of ~13 KB checkpoints, 10 channels ------
+# -- the wide read store: 1,000 threads of ~13 KB checkpoints, 10 channels ----------
 
-R13_THREADS = 1_000
-R13_CHECKPOINTS = 10  # per thread: list(limit=10) returns a whole thread
-R13_BY_ID = 5  # get_tuple by id names each thread's 6th checkpoint (with pending writes)
-R13_FILTER = {"source": "input"}  # one per thread: ~1,000 matches
+WIDE_THREADS = 1_000
+WIDE_CHECKPOINTS = 10  # per thread: list(limit=10) returns a whole thread
+WIDE_BY_ID = 5  # get_tuple by id names each thread's 6th checkpoint (with pending writes)
+WIDE_FILTER = {"source": "input"}  # one per thread: ~1,000 matches
 
 
 @dataclass
-class Store13:
+class WideStore:
     name: str
     saver: BaseCheckpointSaver
     latest: list[dict[str, Any]]  # per thread: config without checkpoint_id
-    by_id: list[dict[str, Any]]  # per thread: config naming its R13_BY_ID-th checkpoint
+    by_id: list[dict[str, Any]]  # per thread: config naming its WIDE_BY_ID-th checkpoint
     build_seconds: float
     checkpoint_bytes: int  # serialized size of one full checkpoint (values + the rest)
 
 
-def populate13(saver: BaseCheckpointSaver, threads: int = R13_THREADS) -> Store13:
-    """Issue #13's store: ``threads`` threads of R13_CHECKPOINTS checkpoints,
+def populate_wide(saver: BaseCheckpointSaver, threads: int = WIDE_THREADS) -> WideStore:
+    """The wide store: ``threads`` threads of WIDE_CHECKPOINTS checkpoints,
     10 channels of ~13 KB in all (20 messages of 300 characters, a window of
     20, nine 500-character fields); 3 pending writes on the checkpoint that
     ``by_id`` names. Written through the saver's own put/put_writes."""
@@ -348,17 +366,17 @@ def populate13(saver: BaseCheckpointSaver, threads: int = R13_THREADS) -> Store1
     for i in range(threads):
         gen = ThreadGen(
             saver,
-            f"t13-{i:04d}",
+            f"wide-{i:04d}",
             msg_chars=300,
             field_chars=500,
             window=20,
             first_messages=20,
             seed=1_000_000 * (i + 1),
         )
-        for j in range(R13_CHECKPOINTS):
+        for j in range(WIDE_CHECKPOINTS):
             a = gen.next()
             saver.put(a.config, a.checkpoint, a.metadata, a.new_versions)
-            if j == R13_BY_ID:
+            if j == WIDE_BY_ID:
                 by_id.append(gen.config())
                 saver.put_writes(gen.config(), writes_for(j), task_id(i))
         if i == 0:
@@ -367,16 +385,16 @@ def populate13(saver: BaseCheckpointSaver, threads: int = R13_THREADS) -> Store1
             rest = {k: v for k, v in a.checkpoint.items() if k != "channel_values"}
             size = sum(len(plain.dumps_typed(v)[1]) for v in [*values.values(), rest])
         latest.append({"configurable": {"thread_id": gen.thread_id, "checkpoint_ns": ""}})
-    return Store13(saver.__class__.__name__, saver, latest, by_id, 0.0, size)
+    return WideStore(saver.__class__.__name__, saver, latest, by_id, 0.0, size)
 
 
-def build_store13(name: str, workdir: str, threads: int = R13_THREADS) -> Store13:
+def build_wide_store(name: str, workdir: str, threads: int = WIDE_THREADS) -> WideStore:
     """Build fast (no fsync while building), then reopen with the defaults."""
     t0 = time.perf_counter()
     if name in (KV_LMDB, KV_BLOBS):
         # KV_LMDB: the heads of idle threads, written during the build and by close()
         builder = make_saver(name, workdir, durability="none")
-        st = populate13(builder, threads)
+        st = populate_wide(builder, threads)
         builder.store.sync()  # type: ignore[attr-defined]
         close_saver(builder)
         saver = make_saver(name, workdir)
@@ -384,12 +402,12 @@ def build_store13(name: str, workdir: str, threads: int = R13_THREADS) -> Store1
         builder = make_saver(name, workdir)
         builder.setup()  # type: ignore[attr-defined]
         builder.conn.execute("PRAGMA synchronous=OFF")  # type: ignore[attr-defined]
-        st = populate13(builder, threads)
+        st = populate_wide(builder, threads)
         close_saver(builder)
         saver = make_saver(name, workdir)
     else:
         saver = make_saver(name, workdir)
-        st = populate13(saver, threads)
+        st = populate_wide(saver, threads)
     st.name, st.saver, st.build_seconds = name, saver, time.perf_counter() - t0
     return st
 
@@ -400,7 +418,7 @@ def build_store13(name: str, workdir: str, threads: int = R13_THREADS) -> Store1
 class RecordingStore:
     """A ``kv.Store`` (a MemoryStore underneath) that remembers every key/value
     its write transactions put. A KVSaver over it yields the exact bytes
-    ``put``/``put_writes`` write, whatever the schema module does today.
+    ``put``/``put_writes`` write, whatever layout the code under test has.
     Whatever else the Store protocol grows is forwarded to the MemoryStore."""
 
     readonly = False
@@ -490,8 +508,8 @@ class SaverClock:
     """Accumulates the time spent inside a saver's ``methods`` (any thread),
     by ``clock``: ``time.perf_counter`` for wall-clock time, or
     ``time.thread_time`` for the CPU of the calling threads alone (what
-    the CPU rows of issue #13 need: a graph's process CPU minus a run with
-    no checkpointer is a small difference of large numbers)."""
+    the CPU rows need: a graph's process CPU minus a run with no
+    checkpointer is a small difference of large numbers)."""
 
     METHODS = ("put", "put_writes", "get_tuple")
     # What a graph calls of a saver (the CPU rows).
@@ -529,9 +547,9 @@ def raw_lmdb(path: str, zeroed: bool = False, metasync: bool = True) -> lmdb.Env
     ``metasync=False``: its "meta").
 
     ``zeroed``: the data file is first written with 16 MiB of zeros past
-    LMDB's pages and synced, as KVSaver keeps its file (kv/lmdb_store.py,
-    ``_Env.zero_ahead``), so commits overwrite blocks instead of extending
-    the file: the floor of what a store doing that can reach."""
+    LMDB's pages and synced, as LMDBStore keeps its file zeroed ahead, so
+    commits overwrite blocks instead of extending the file: the floor of
+    what a store doing that can reach."""
     os.makedirs(path, exist_ok=True)
     env = lmdb.open(
         path,
@@ -646,16 +664,17 @@ def run_invokes(
                 carried = out["messages"]
 
 
-def count_checkpoints(saver: BaseCheckpointSaver, prefix: str) -> int:
+def count_checkpoints(saver: BaseCheckpointSaver, prefix: str, threads: int = GRAPH_THREADS) -> int:
     return sum(
         len(list(saver.list({"configurable": {"thread_id": f"{prefix}-{t}"}})))
-        for t in range(GRAPH_THREADS)
+        for t in range(threads)
     )
 
 
 def label(benchmark: Any, group: str, row: str, ops_per_call: int) -> None:
-    """Name a result for bench/report.py: its workload (group), its row (the
-    saver, or a floor), and how many operations one timed call performs."""
+    """Name a pytest-benchmark result: its workload (group), its row (the
+    saver, or a floor, or "all savers" for a paired round), and how many
+    operations one timed call performs."""
     benchmark.group = group
     benchmark.extra_info.update(row=row, ops_per_call=ops_per_call)
 
@@ -682,3 +701,266 @@ def timed(fn: Callable[[], Any]) -> float:
 def chunks(seq: list[Any], n: int) -> Iterator[list[Any]]:
     for i in range(0, len(seq), n):
         yield seq[i : i + n]
+
+
+# -- smoke mode ------------------------------------------------------------------------
+
+
+def quick() -> bool:
+    """The smoke mode (``KVSAVER_BENCH_QUICK=1``, or ``pytest bench --quick``,
+    which sets it): fewer rounds, smaller stores; proves a suite runs."""
+    return os.environ.get("KVSAVER_BENCH_QUICK", "") not in ("", "0")
+
+
+def pick(full: Any, smoke: Any) -> Any:
+    """``full``, or ``smoke`` in the smoke mode."""
+    return smoke if quick() else full
+
+
+# -- Zipf-distributed text (the chat workloads of storage and long_chat) -------------
+
+_SYLLABLES = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"] + ["th", "st", "er", "an"]
+
+
+def _vocabulary(n: int = 5000) -> tuple[list[str], list[float]]:
+    rnd = random.Random(7)
+    words = sorted({"".join(rnd.choices(_SYLLABLES, k=rnd.randint(1, 4))) for _ in range(n * 2)})
+    rnd.shuffle(words)
+    words = words[:n]
+    cum = list(itertools.accumulate(1.0 / (rank + 1) for rank in range(len(words))))  # Zipf
+    return words, cum
+
+
+ZIPF_WORDS, _CUM_WEIGHTS = _vocabulary()
+
+
+def zipf_text(seed: str, low: int, high: int) -> str:
+    """A sentence of ``low``-``high`` characters of 5,000 generated words with
+    a Zipf-like frequency (zstd takes such text to about a third, as it does
+    English prose), the same for the same seed."""
+    rnd = random.Random(seed)
+    n = rnd.randint(low, high)
+    out: list[str] = []
+    size = 0
+    top = _CUM_WEIGHTS[-1]
+    while size < n:
+        w = ZIPF_WORDS[bisect.bisect(_CUM_WEIGHTS, rnd.random() * top)]
+        out.append(w)
+        size += len(w) + 1
+    sentence = " ".join(out)[:n]
+    return sentence[:1].upper() + sentence[1:] + "."
+
+
+# -- LMDB commits, read from the data file -----------------------------------------------
+
+_TXNID_AT = 144  # in a meta page: its 16-byte header, then MDB_meta's fields up to mm_txnid
+
+
+def lmdb_txnid(path: str) -> int:
+    """The last committed transaction id of the LMDB environment in directory
+    ``path`` (KVSaver(path)'s data.mdb), read from the file's two meta pages
+    as LMDB itself picks the newest: one per commit. Read with plain file I/O,
+    so it needs no handle of the store."""
+    psize = os.sysconf("SC_PAGE_SIZE")
+    with open(os.path.join(path, "data.mdb"), "rb") as f:
+        head = f.read(2 * psize)
+    (a,) = struct.unpack_from("<Q", head, _TXNID_AT)
+    (b,) = struct.unpack_from("<Q", head, psize + _TXNID_AT)
+    return max(a, b)
+
+
+# -- paired rounds ------------------------------------------------------------------------
+
+Times = dict[str, list[float]]
+
+
+def paired_rounds(
+    benchmark: Any,
+    group: str,
+    steps: Callable[[int], dict[str, Callable[[], Any]]],
+    rounds: int,
+    per: int = 1,
+    cpu: Callable[[], float] = time.thread_time,
+    before_each: Callable[[], Any] | None = None,
+) -> tuple[Times, Times]:
+    """Every row of ``steps(r)`` (made untimed, in the round's setup) timed in
+    the same round, one after the other, in an order that rotates every round,
+    so that a drift of this machine hits every row alike. Round 0 is the
+    warm-up and is discarded. ``before_each`` runs untimed before each row's
+    step (``gc.collect``: no row pays for the collector's debt of the one
+    before). Returns (wall, CPU) seconds per operation (``per`` operations per
+    step), one figure per round and row; ``cpu`` is the calling thread's by
+    default (``time.process_time`` for work done in other threads)."""
+    wall: Times = {}
+    used: Times = {}
+    counter = itertools.count()
+
+    def setup() -> tuple[tuple[Any, ...], dict]:
+        r = next(counter)
+        return (r, steps(r)), {}
+
+    def one_round(r: int, todo: dict[str, Callable[[], Any]]) -> None:
+        for name in rotated(list(todo), r):
+            if before_each is not None:
+                before_each()
+            w0, c0 = time.perf_counter(), cpu()
+            todo[name]()
+            w, c = time.perf_counter() - w0, cpu() - c0
+            if r > 0:
+                wall.setdefault(name, []).append(w / per)
+                used.setdefault(name, []).append(c / per)
+
+    label(benchmark, group, "all savers", 1)
+    benchmark.pedantic(one_round, setup=setup, rounds=rounds + 1)
+    return wall, used
+
+
+def us(times: Times) -> dict[str, float]:
+    """Median per row, in microseconds."""
+    return {k: round(median(v) * 1e6, 1) for k, v in times.items() if v}
+
+
+def x_of(times: Times, ref: str) -> dict[str, float]:
+    """Per row, the median over rounds of its time / ``ref``'s in the same round."""
+    if ref not in times:
+        return {}
+    out = {}
+    for k, v in times.items():
+        ratios = [a / b for a, b in zip(v, times[ref]) if b > 0]
+        if ratios:
+            out[k] = round(median(ratios), 3)
+    return out
+
+
+# -- results files: bench/results/<area>.json ---------------------------------------------
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+PACKAGES = [
+    "kvsaver",
+    "langgraph",
+    "langgraph-checkpoint",
+    "langgraph-checkpoint-sqlite",
+    "langgraph-checkpoint-postgres",
+    "langchain-core",
+    "lmdb",
+    "ormsgpack",
+    "zstandard",
+    "pytest-benchmark",
+]
+_SESSION: dict[str, dict[str, Any]] = {}  # area -> what this session wrote
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _code_under_test() -> dict[str, Any]:
+    """Where the imported kvsaver lives, and its checkout's commit and
+    uncommitted changes: the figures belong to that code (an A/B runs this
+    suite against another checkout)."""
+    import kvsaver
+
+    here = os.path.dirname(os.path.abspath(kvsaver.__file__))
+    out: dict[str, Any] = {"kvsaver_path": here}
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=here, timeout=10
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "kv", "saver"],
+            capture_output=True,
+            text=True,
+            cwd=os.path.dirname(here),
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return out
+    out["commit"] = rev.stdout.strip()
+    out["changes_kv_saver"] = dirty.stdout.splitlines()
+    return out
+
+
+def machine() -> dict[str, Any]:
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    versions["sqlite (library)"] = sqlite3.sqlite_version
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        load = []
+    return {
+        "cpu_model": _cpu_model(),
+        "cores": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "packages": versions,
+        "loadavg": load,
+    }
+
+
+Rows = dict[str, dict[str, Any]]
+
+
+def metric_rows(**metrics: dict[str, Any]) -> Rows:
+    """{row: {metric: value}} from {metric: {row: value}}."""
+    rows: Rows = {}
+    for m, per_row in metrics.items():
+        for row, v in per_row.items():
+            rows.setdefault(row, {})[m] = v
+    return rows
+
+
+def target(what: str, value: float | None, goal: float, at_most: bool = True) -> dict[str, Any]:
+    """A goal for bench/report.py to show met / not met."""
+    return {"target": what, "value": value, "goal": goal, "at_most": at_most}
+
+
+def record(
+    area: str,
+    group: str,
+    what: str,
+    rows: Rows,
+    info: dict[str, Any] | None = None,
+    targets: Sequence[dict[str, Any]] = (),
+) -> None:
+    """Add one workload (``group``) to bench/results/<area>.json: a line saying
+    what it measures, a table (``rows``: row -> metric -> value), scalar
+    ``info`` and ``targets``. The file holds this session's groups only (the
+    first record of a session replaces an older file), with the machine, the
+    code under test, and whether it was a smoke run."""
+    if area not in _SESSION:
+        _SESSION[area] = {
+            "area": area,
+            "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "smoke": quick(),
+            "machine": machine(),
+            "code": _code_under_test(),
+            "groups": {},
+        }
+    doc = _SESSION[area]
+    doc["groups"][group] = {
+        "what": what,
+        "rows": rows,
+        "info": info or {},
+        "targets": list(targets),
+    }
+    try:
+        doc["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        pass
+    path = os.path.join(os.environ.get("KVSAVER_BENCH_RESULTS", RESULTS), f"{area}.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")

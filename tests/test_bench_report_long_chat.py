@@ -1,4 +1,5 @@
-"""bench/report.py's issue #15 section: each long-chat target met / not met."""
+"""bench/report.py on the long-chat results: each target met / not met, the
+figures of each row shown, an A/B against another run's file."""
 
 from __future__ import annotations
 
@@ -14,77 +15,110 @@ report = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(report)
 
 
-def _mark(kv: float, warm: float, cold: float, cpu: float | None) -> dict[str, Any]:
-    mark: dict[str, Any] = {
-        "disk_bytes": {"sqlite": 1000, "kv": int(kv * 1000)},
-        "bytes_per_turn": {"sqlite": 10, "kv": 1},
-        "bytes_ratio_vs_sqlite": {"kv": kv},
-        "get_tuple_latest": {
-            "median_ms": {"sqlite": 10.0, "kv": 10 * warm, "kv cold": 10 * cold},
-            "ratio_vs_sqlite": {"sqlite": 1.0, "kv": warm, "kv cold": cold},
-        },
+def _group(what: str, kv: float, warm: float, cold: float, goal: float) -> dict[str, Any]:
+    """A long_chat group as test_long_chat.py records it."""
+    rows = {
+        "sqlite": {"disk_bytes": 1000, "x_sqlite_bytes": 1.0, "get_tuple_ms": 10.0},
+        "kv": {"disk_bytes": int(kv * 1000), "x_sqlite_bytes": kv, "get_tuple_ms": 10 * warm},
+        "kv cold": {"get_tuple_ms": 10 * cold},
     }
-    if cpu is not None:
-        mark["put_cpu_kv_over_kv_whole_median"] = cpu
-    return mark
+    for n, x in (("sqlite", 1.0), ("kv", warm), ("kv cold", cold)):
+        rows[n]["x_sqlite_get_tuple"] = x
+    return {
+        "what": f"a long chat, {what}",
+        "rows": rows,
+        "info": {"threads": int(what.split()[0]), "rounds": 15},
+        "targets": [
+            {"target": f"bytes on disk vs SqliteSaver, {what}", "value": kv, "goal": goal},
+            {"target": f"get_tuple latest, warm, {what}", "value": warm, "goal": 0.8},
+            {"target": f"get_tuple latest, cold, {what}", "value": cold, "goal": 0.8},
+        ],
+    }
 
 
-def _rows(lines: list[str]) -> dict[str, str]:
-    """target -> status of the section's first table."""
+def _write(d: Path, groups: dict[str, Any], commit: str = "abc") -> None:
+    d.mkdir(exist_ok=True)
+    doc = {"area": "long_chat", "smoke": False, "code": {"commit": commit}, "groups": groups}
+    (d / "long_chat.json").write_text(json.dumps(doc))
+
+
+def _statuses(text: str) -> dict[str, str]:
+    """target -> status, from every targets table."""
     out = {}
-    for line in lines:
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) == 5 and cells[3] in ("met", "**not met**", "not measured"):
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[3] in ("met", "**not met**", "not measured"):
             out[cells[0]] = cells[3]
     return out
 
 
-def test_suite_run_and_result_files(tmp_path: Path) -> None:
-    suite = {
-        "benchmarks": [
-            {
-                "group": "long_chat:storage",
-                "name": "test_long_chat_storage",
-                "fullname": "bench/bench_long_chat.py::test_long_chat_storage",
-                "stats": {"median": 0.0},
-                "extra_info": {"threads": 3, "turns": 120, "K": 64, **_mark(0.049, 0.7, 0.9, 1.2)},
-            }
-        ]
-    }
-    long500 = {"threads": 1, "turns": 500, "K": 64, "marks": {"500": _mark(0.031, 1, 1, None)}}
-    (tmp_path / "long_chat_500.json").write_text(json.dumps(long500))
-    (tmp_path / "long_chat.json").write_text(json.dumps({"threads": 3, "turns": 120}))
-    lines = report.long_chat_section(report.by_group(suite), str(tmp_path))
-    assert "## Issue #15 targets" in lines[1]
-    rows = _rows(lines)
-    assert rows == {
+def _row(text: str, group: str, row: str) -> list[str]:
+    """The cells of ``row`` in ``group``'s table."""
+    section = text.split(f"### {group}\n", 1)[1].split("### ", 1)[0]
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] == row:
+            return cells[1:]
+    raise AssertionError(f"no row {row!r} in {group}")
+
+
+def test_each_target_met_or_not(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "long_chat:3x120": _group("3 x 120 turns", 0.049, 0.7, 0.9, 0.05),
+            "long_chat:1x500": _group("1 x 500 turns", 0.031, 1.0, 1.0, 0.03),
+        },
+    )
+    text = report.render(str(tmp_path))
+    assert "## long_chat" in text
+    assert _statuses(text) == {
         "bytes on disk vs SqliteSaver, 3 x 120 turns": "met",
         "get_tuple latest, warm, 3 x 120 turns": "met",
-        "get_tuple latest, cold (fresh serializer), 3 x 120 turns": "**not met**",
-        "put CPU, deltas on / every version whole (kv-whole), 3 x 120 turns": "**not met**",
+        "get_tuple latest, cold, 3 x 120 turns": "**not met**",
         "bytes on disk vs SqliteSaver, 1 x 500 turns": "**not met**",
         "get_tuple latest, warm, 1 x 500 turns": "**not met**",
-        "get_tuple latest, cold (fresh serializer), 1 x 500 turns": "**not met**",
+        "get_tuple latest, cold, 1 x 500 turns": "**not met**",
+    }
+    # columns: disk_bytes, x_sqlite_bytes, get_tuple_ms, x_sqlite_get_tuple
+    assert _row(text, "long_chat:3x120", "kv") == ["49", "0.049", "7", "0.7"]
+    assert _row(text, "long_chat:3x120", "kv cold") == ["-", "-", "9", "0.9"]
+    assert "Smoke run" not in text
+
+
+def test_at_least_goals_and_missing_values() -> None:
+    lines = report.targets_table(
+        [
+            {"target": "reads/s", "value": 2.0, "goal": 2.5, "at_most": False},
+            {"target": "ops/s", "value": 3.5, "goal": 3.0, "at_most": False},
+            {"target": "bytes", "value": None, "goal": 0.3},
+            {"target": "at most, at the goal", "value": 0.8, "goal": 0.8},
+            {"target": "at least, at the goal", "value": 1.5, "goal": 1.5, "at_most": False},
+        ]
+    )
+    assert _statuses("\n".join(lines)) == {
+        "reads/s": "**not met**",
+        "ops/s": "met",
+        "bytes": "not measured",
+        "at most, at the goal": "met",
+        "at least, at the goal": "met",
     }
 
 
-def test_process_cpu_ratios_are_shown_beside_the_wall_time_ones(tmp_path: Path) -> None:
-    mark = _mark(0.04, 0.7, 0.75, 0.9)
-    mark["get_tuple_latest"]["cpu_ratio_vs_sqlite"] = {"sqlite": 1.0, "kv": 0.52, "kv cold": 0.66}
-    chat = {"threads": 3, "turns": 120, "K": 64, "marks": {"120": mark}}
-    (tmp_path / "long_chat.json").write_text(json.dumps(chat))
-    text = "\n".join(report.long_chat_section({}, str(tmp_path)))
-    assert "7.00 vs 10.00 ms; process CPU 0.52x" in text
-    assert "7.50 vs 10.00 ms; process CPU 0.66x" in text
+def test_against_another_run(tmp_path: Path) -> None:
+    _write(tmp_path / "new", {"long_chat:3x120": _group("3 x 120 turns", 0.04, 0.6, 0.7, 0.05)})
+    _write(
+        tmp_path / "old",
+        {"long_chat:3x120": _group("3 x 120 turns", 0.08, 0.6, 0.7, 0.05)},
+        commit="0123456789abcdef",
+    )
+    text = report.render(str(tmp_path / "new"), str(tmp_path / "old"))
+    assert "the run of 0123456789" in text
+    assert _row(text, "long_chat:3x120", "kv")[1] == "0.04 (0.08, 0.50x)"
 
 
-def test_without_a_suite_run_the_files_are_read(tmp_path: Path) -> None:
-    chat = {"threads": 3, "turns": 120, "K": 64, "marks": {"120": _mark(0.06, 0.9, 1.1, 0.9)}}
-    (tmp_path / "long_chat.json").write_text(json.dumps(chat))
-    (tmp_path / "long_chat_k.json").write_text(json.dumps({"sweep_k": {}}))
-    rows = _rows(report.long_chat_section({}, str(tmp_path)))
-    assert rows["bytes on disk vs SqliteSaver, 3 x 120 turns"] == "**not met**"
-    assert rows["put CPU, deltas on / every version whole (kv-whole), 3 x 120 turns"] == "met"
-    (tmp_path / "empty").mkdir()
-    assert report.long_chat_section({}, str(tmp_path / "empty")) == []
-    assert report.long_chat_section({}, str(tmp_path / "absent")) == []
+def test_no_results(tmp_path: Path) -> None:
+    (tmp_path / "broken.json").write_text("{")
+    (tmp_path / "other.json").write_text(json.dumps({"benchmarks": []}))
+    assert "No results" in report.render(str(tmp_path))
+    assert "No results" in report.render(str(tmp_path / "absent"))

@@ -1,4 +1,4 @@
-"""Issue #13: 32 concurrent conversations on one event loop (``ainvoke``).
+"""32 concurrent conversations on one event loop (``ainvoke``).
 
 An async server's shape: 32 conversations (threads), each doing TURNS
 ``ainvoke``s of the agent graph (bench/_workloads.py, ``build_agent``: 2 agent
@@ -14,7 +14,7 @@ checkpoints written; ``x_async_sqlite`` is the ratio of the median
 overheads. A ticker task (``sleep(1 ms)`` in a loop)
 records how late the loop wakes it: ``worst_lag_ms`` is the median over
 rounds of each run's worst lateness (``worst_lag_ms_max``: the largest).
-``KVSAVER_BENCH_QUICK=1`` runs 2 turns and 3 rounds.
+Results: bench/results/async.json.
 """
 
 from __future__ import annotations
@@ -27,13 +27,24 @@ import tempfile
 import time
 from typing import Any
 
-from _workloads import INVOKE_TURNS, KV_LMDB, build_agent, human, label, median, rotated
+from _workloads import (
+    INVOKE_TURNS,
+    KV_LMDB,
+    build_agent,
+    human,
+    label,
+    median,
+    metric_rows,
+    pick,
+    record,
+    rotated,
+    target,
+)
 from kvsaver import KVSaver
 
-QUICK = bool(os.environ.get("KVSAVER_BENCH_QUICK"))
 CONVERSATIONS = 32
-TURNS = 2 if QUICK else 4
-ROUNDS = 3 if QUICK else 5
+TURNS = pick(4, 2)
+ROUNDS = pick(5, 2)
 NONE, ASQLITE = "none", "async-sqlite"
 
 
@@ -121,20 +132,29 @@ def test_32_conversations(benchmark: Any) -> None:
     assert written[KV_LMDB] == written[ASQLITE], written
     steps = written[KV_LMDB]
     over = {n: [(a - b) / steps for a, b in zip(secs[n], secs[NONE])] for n in (KV_LMDB, ASQLITE)}
-    benchmark.extra_info.update(
-        conversations=CONVERSATIONS,
-        turns=TURNS,
-        rounds=ROUNDS,
-        supersteps=steps,
-        seconds={n: round(median(v), 3) for n, v in secs.items()},
-        overhead_us_per_superstep={n: round(median(v) * 1e6, 1) for n, v in over.items()},
+    x = (
         # a ratio of medians: a round's overhead can come out near zero or
         # below on a busy machine, and a per-round ratio then means nothing
-        x_async_sqlite=(
-            round(median(over[KV_LMDB]) / median(over[ASQLITE]), 3)
-            if median(over[ASQLITE]) > 0
-            else None
+        round(median(over[KV_LMDB]) / median(over[ASQLITE]), 3)
+        if median(over[ASQLITE]) > 0
+        else None
+    )
+    record(
+        "async",
+        "async:32_conversations",
+        f"{CONVERSATIONS} conversations x {TURNS} ainvokes at once on one event loop",
+        metric_rows(
+            seconds={n: round(median(v), 3) for n, v in secs.items()},
+            overhead_us_per_superstep={n: round(median(v) * 1e6, 1) for n, v in over.items()},
+            worst_lag_ms={n: round(median(v) * 1e3, 2) for n, v in lags.items()},
+            worst_lag_ms_max={n: round(max(v) * 1e3, 2) for n, v in lags.items()},
         ),
-        worst_lag_ms={n: round(median(v) * 1e3, 2) for n, v in lags.items()},
-        worst_lag_ms_max={n: round(max(v) * 1e3, 2) for n, v in lags.items()},
+        info={
+            "conversations": CONVERSATIONS,
+            "turns": TURNS,
+            "rounds": ROUNDS,
+            "supersteps": steps,
+            "x_async_sqlite": x,
+        },
+        targets=[target("32 conversations: overhead vs AsyncSqliteSaver", x, 0.5)],
     )

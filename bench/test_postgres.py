@@ -1,6 +1,6 @@
-"""KVSaver on PostgreSQL against PostgresSaver on the same server, same run (issue #14).
+"""KVSaver on PostgreSQL against PostgresSaver on the same server, same run.
 
-    pytest bench/bench_postgres.py --benchmark-only -s
+    pytest bench/test_postgres.py --benchmark-only -s
 
 Workloads (both savers on one database of one server; put, get_tuple and
 list are paired: the two savers' calls alternate one by one, A B B A ..., so
@@ -15,14 +15,14 @@ and highest ("rounds"), so a figure is seen with its spread:
                    what a durable put waits for at least), each saver's put also
                    given as "x floor"
   put:51-100       the same, on threads of 50 checkpoints put before (untimed):
-                   checkpoints 51 to 100 (not a target of the issue: how a
+                   checkpoints 51 to 100 (not a target: how a
                    put's cost moves as a conversation grows)
   get_tuple        latest checkpoint of a 100-checkpoint thread with 3 pending
                    writes, 50 calls per round
   list:limit10     list(thread, limit=10) read through, 20 calls per round
   graph            a real LangGraph agent loop (bench/_workloads.build_agent),
-                   3 threads x 30 turns, 12 rounds (3 before issue #14's rework: a
-                   figure moved by 0.3x between runs); each thread run without a
+                   3 threads x 30 turns, 12 rounds (fewer let the figure move
+                   between runs); each thread run without a
                    saver and with each saver back to back, order rotated; per
                    round, overhead per superstep = (with saver - without) /
                    checkpoints
@@ -33,7 +33,8 @@ and highest ("rounds"), so a figure is seen with its spread:
                    "agent loop" (5 threads x one 30-turn invoke: the target),
                    "short threads" (200 threads x one 2-turn invoke)
 
-Targets (the issue): put, get_tuple, list, graph <= 1.0x PostgresSaver; bytes <= 0.3x.
+Targets: put, get_tuple, list, graph <= 1.0x PostgresSaver; bytes of the agent
+loop and the long chat <= 0.3x.
 
 The client's CPU per operation (time.process_time: the whole process, so
 psycopg's and the pool's threads too; medians as above) is printed as well: a
@@ -43,20 +44,19 @@ does, and the CPU figure shows what each saver costs the application.
 
 KVSAVER_BENCH_PG_AB=1 adds a third saver to the paired rounds: KVSaver with
 ``PostgresStore(..., prepare=False)``, whose statements are all parsed and
-planned by the server every time: the write as before it was prepared, the
-reads as before they were (an A/B of those changes in the same run, ratios
-to PostgresSaver alike; the delta long step's read, also changed, is not
-part of it).
+planned by the server every time (an A/B of the prepared statements in the
+same run, ratios to PostgresSaver alike).
 
 The server: a throwaway cluster started here with PostgreSQL's default
 durability (fsync and synchronous_commit on: a commit is a WAL flush, as in
 production), or the one named by KVSAVER_BENCH_PG_URL. Skipped, with the
-reason, where PostgreSQL is not installed. Results: bench/results/postgres.json.
+reason, where PostgreSQL is not installed. Results: bench/results/postgres.json
+(groups ``postgres:ops`` and ``postgres:bytes``).
+The smoke mode (``--quick``) runs 2 rounds of 10 calls and small byte workloads.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -65,21 +65,31 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from _workloads import ThreadGen, build_agent, human, run_loop, task_id, writes_for
+from _workloads import (
+    ThreadGen,
+    build_agent,
+    human,
+    pick,
+    record,
+    run_loop,
+    target,
+    task_id,
+    writes_for,
+)
 from kvsaver import KVSaver
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 
-ROUNDS = 7
-GRAPH_ROUNDS = 12
-PUTS = 50
-READS = 50
-LISTS = 20
-HISTORY = 100
-GRAPH_THREADS = 3
-CHAT_INVOKES = 60
-LOOP_THREADS = 5
-SHORT_THREADS = 200
+ROUNDS = pick(7, 2)
+GRAPH_ROUNDS = pick(12, 2)
+PUTS = pick(50, 10)
+READS = pick(50, 10)
+LISTS = pick(20, 5)
+HISTORY = pick(100, 20)
+GRAPH_THREADS = pick(3, 1)
+CHAT_INVOKES = pick(60, 6)
+LOOP_THREADS = pick(5, 1)
+SHORT_THREADS = pick(200, 10)
 METHOD = (
     "ratio = median over rounds of (KVSaver's round median / PostgresSaver's round "
     "median), each round pairing the savers' calls one by one; graph: per round, "
@@ -87,7 +97,6 @@ METHOD = (
     "with every saver back to back, order rotated; "
     "'rounds': the lowest and highest per-round ratio"
 )
-RESULTS = os.path.join(os.path.dirname(__file__), "results", "postgres.json")
 PG_TABLES = ["checkpoints", "checkpoint_blobs", "checkpoint_writes", "checkpoint_migrations"]
 # KVSAVER_BENCH_PG_AB=1: also KVSaver without its prepared write statement (A/B)
 AB = os.environ.get("KVSAVER_BENCH_PG_AB") == "1"
@@ -98,7 +107,7 @@ UNPREPARED = "KVSaver(prepare=False)"
 # for at least, timed in the same rounds as the savers' puts.
 FLOOR = "floor:commit"
 LATER = f"put:{PUTS + 1}-{2 * PUTS}"  # not a target: fresh threads of PUTS puts made untimed first
-FLOOR_BYTES = 2_900  # about the WAL bytes of a KVSaver put (pg_stat_wal, wt-pg4)
+FLOOR_BYTES = 2_900  # about the WAL bytes of a KVSaver put (pg_stat_wal)
 
 
 @pytest.fixture(scope="module")
@@ -129,9 +138,8 @@ def _database(url: str, name: str) -> str:
 
 
 def _savers(url: str, ab: bool = False) -> dict[str, Any]:
-    """The two savers; ``ab``: also KVSaver with ``prepare=False`` (its write
-    statement parsed and planned at every put, as before issue #14's
-    prepared statement), in the same rounds: an A/B of that change."""
+    """The two savers; ``ab``: also KVSaver with ``prepare=False`` (its
+    statements parsed and planned at every call), in the same rounds."""
     from kvsaver.kv import PostgresStore
     from langgraph.checkpoint.postgres import PostgresSaver
 
@@ -422,10 +430,7 @@ def test_kvsaver_vs_postgressaver(benchmark: Any, server_url: str) -> None:
                 if n != FLOOR:
                     entry["x floor " + n] = statistics.median(a / f for a, f in zip(v[n], v[FLOOR]))
     report["bytes"] = out["bytes"]
-    benchmark.extra_info.update(report)
-    os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
-    with open(RESULTS, "w") as f:
-        json.dump(report, f, indent=2)
+    _record(report)
     print()
     load = report["loadavg"]
     print(f"load average {load['start'][0]:.2f} at start, {load['end'][0]:.2f} at end")
@@ -457,3 +462,71 @@ def test_kvsaver_vs_postgressaver(benchmark: Any, server_url: str) -> None:
             kv = m["cpu " + UNPREPARED]
             print(f"{'  ' + UNPREPARED:<24}{kv:>12.0f}{'':>18}"
                   f"{kv / m['cpu PostgresSaver']:>8.2f}")  # fmt: skip
+
+
+TARGETS = ("put", "get_tuple", "list:limit10", "graph (per superstep)")
+BYTES_TARGETS = ("agent loop", "long chat")
+
+
+def _record(report: dict[str, Any]) -> None:
+    rows: dict[str, dict[str, Any]] = {}
+    for op, m in report["microseconds"].items():
+        row = rows[op] = {
+            "KVSaver_us": round(m["KVSaver"], 1),
+            "PostgresSaver_us": round(m["PostgresSaver"], 1),
+            "x_postgres": round(m["ratio"], 3),
+            "rounds_low": min(m["ratio rounds"]),
+            "rounds_high": max(m["ratio rounds"]),
+            "KVSaver_cpu_us": round(m["cpu KVSaver"], 1),
+            "PostgresSaver_cpu_us": round(m["cpu PostgresSaver"], 1),
+        }
+        for k in (FLOOR, "x floor KVSaver", "x floor PostgresSaver"):
+            if k in m:
+                row[k.replace(" ", "_")] = round(m[k], 3 if k.startswith("x") else 1)
+        if AB:
+            row["x_postgres_unprepared"] = round(m["ratio " + UNPREPARED], 3)
+    load = report["loadavg"]
+    info = {
+        "method": report["method"],
+        "rounds": ROUNDS,
+        "graph_rounds": GRAPH_ROUNDS,
+        "loadavg_start": [round(x, 2) for x in load["start"]],
+    }
+    record(
+        "postgres",
+        "postgres:ops",
+        "KVSaver on PostgreSQL vs PostgresSaver on the same server, paired calls",
+        rows,
+        info=info,
+        targets=[
+            target(f"{op} vs PostgresSaver", rows[op]["x_postgres"], 1.0)
+            for op in TARGETS
+            if op in rows
+        ],
+    )
+    sizes: dict[str, dict[str, Any]] = {}
+    for workload, b in report["bytes"].items():
+        lay = b["KVSaver layout"]
+        sizes[workload] = {
+            "KVSaver_bytes": b["KVSaver"],
+            "PostgresSaver_bytes": b["PostgresSaver"],
+            "x_postgres": round(b["ratio"], 3),
+            "KVSaver_heap": lay["heap"],
+            "KVSaver_index": lay["index"],
+            "KVSaver_toast": lay["toast"],
+            "KVSaver_rows": sum(b["KVSaver rows"].values()),
+        }
+    record(
+        "postgres",
+        "postgres:bytes",
+        "bytes after VACUUM FULL (table + indexes + TOAST), each saver in its own database",
+        sizes,
+        info={
+            "KVSaver_rows_by_keyspace": {w: b["KVSaver rows"] for w, b in report["bytes"].items()}
+        },
+        targets=[
+            target(f"bytes after {w} vs PostgresSaver", sizes[w]["x_postgres"], 0.3)
+            for w in BYTES_TARGETS
+            if w in sizes
+        ],
+    )

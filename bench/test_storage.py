@@ -1,17 +1,13 @@
-"""Storage benchmark (issue #7): bytes on disk against SqliteSaver, and what
-compression costs a graph per superstep.
-
-    python bench/bench_storage.py                          # 20 threads x 200 turns
-    python bench/bench_storage.py --threads 4 --turns 40   # a quick look
+"""Storage: bytes on disk against SqliteSaver, and what compression costs a
+graph per superstep.
 
 Workload: a chat graph (``MessagesState``, one "assistant" node); each turn
 invokes it with one human message of 100-400 characters and the node answers
-with 200-600 characters. Text is drawn from 5,000 generated words with a
-Zipf-like frequency, seeded per (thread, turn), so every saver stores exactly
-the same conversation; zstd compresses the raw text to about a third (the
-result records the ratio), as it does English prose. All text is generated
-before timing starts; the node only looks its answer up. Three checkpoints per
-turn (input, ``__start__``, assistant): three supersteps.
+with 200-600 characters of Zipf-distributed generated words
+(``_workloads.zipf_text``), seeded per (thread, turn), so every saver stores
+exactly the same conversation; the result records zstd's ratio on the raw
+text. All text is generated before timing starts. Three checkpoints per turn
+(input, ``__start__``, assistant): three supersteps.
 
 Savers, in one run, each in its own directory:
   sqlite                SqliteSaver on one file (WAL), as LangGraph ships it
@@ -20,44 +16,32 @@ Savers, in one run, each in its own directory:
   kv-nosync             KVSaver(dir, durability="none"): no fsync, so the CPU cost
   kv-nosync-nocompress  of compression is not hidden behind disk syncs
 
-Method: turn by turn, every thread, every saver (the order of the savers
-rotates every invoke, so none always runs first). Graphs run with
-``durability="sync"``: each checkpoint write finishes inside the timed invoke.
-Two times per invoke: wall time, and time inside the saver (``put``,
-``put_writes``, ``get_tuple``: serialization, compression, the store, the
-sync), which is the checkpointer's overhead on the graph. Per superstep =
-per invoke / 3. Reported: medians over the invokes of the last 50 turns (the
-largest state: compression has the most to do) and over all turns; the first
-turn of each thread is warm-up and discarded. The compression ratios are
-medians of per-invoke ratios on/off of the same (thread, turn), measured back
-to back. Bytes on disk: every file each saver left (SqliteSaver's connection
-closed first, so its WAL is checkpointed into the database file).
-
-Afterwards the default KVSaver store is swept (``Retention(keep_last=10)``)
-and compacted, for the lifecycle figures. Results go to
-bench/results/storage.json.
+Method: turn by turn, every thread, every saver (the order rotates every
+invoke). Graphs run with ``durability="sync"``: each checkpoint write finishes
+inside the timed invoke. Two times per invoke: wall time, and time inside the
+saver (``put``, ``put_writes``, ``get_tuple``). Per superstep = per invoke / 3.
+Medians over the invokes of the last LAST turns (the largest state) and over
+all turns; the first turn of each thread is warm-up. The compression ratios are
+medians of per-invoke ratios on/off of the same (thread, turn). Bytes on disk:
+every file each saver left (SqliteSaver's connection closed first, so its WAL
+is folded into the database file). Afterwards the default KVSaver store is
+swept (``Retention(keep_last=10)``) and compacted, for the lifecycle figures.
+Results: bench/results/storage.json.
 """
 
 from __future__ import annotations
 
-import argparse
-import bisect
-import itertools
-import json
 import os
-import platform
-import random
 import shutil
 import sqlite3
 import statistics
 import sys
 import tempfile
 import time
-from importlib import metadata
 from typing import Any
 
 import zstandard
-from _workloads import SaverClock, disk_bytes
+from _workloads import SaverClock, disk_bytes, label, metric_rows, pick, record, target, zipf_text
 from kvsaver import KVSaver, Retention
 from kvsaver.kv.lmdb_store import compact_lmdb
 from langchain_core.messages import AIMessage, HumanMessage
@@ -66,38 +50,10 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import START, MessagesState, StateGraph
 
 SUPERSTEPS_PER_TURN = 3
-LAST = 50  # turns in the "largest state" window
-
-# -- deterministic text ----------------------------------------------------------------
-
-_SYLLABLES = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"] + ["th", "st", "er", "an"]
-
-
-def _vocabulary(n: int = 5000) -> tuple[list[str], list[float]]:
-    rnd = random.Random(7)
-    words = sorted({"".join(rnd.choices(_SYLLABLES, k=rnd.randint(1, 4))) for _ in range(n * 2)})
-    rnd.shuffle(words)
-    words = words[:n]
-    cum = list(itertools.accumulate(1.0 / (rank + 1) for rank in range(len(words))))  # Zipf
-    return words, cum
-
-
-WORDS, CUM_WEIGHTS = _vocabulary()
-
-
-def text(seed: str, low: int, high: int) -> str:
-    rnd = random.Random(seed)
-    n = rnd.randint(low, high)
-    out: list[str] = []
-    size = 0
-    top = CUM_WEIGHTS[-1]
-    while size < n:
-        w = WORDS[bisect.bisect(CUM_WEIGHTS, rnd.random() * top)]
-        out.append(w)
-        size += len(w) + 1
-    sentence = " ".join(out)[:n]
-    return sentence[:1].upper() + sentence[1:] + "."
-
+THREADS = pick(20, 2)
+TURNS = pick(200, 12)
+LAST = min(50, TURNS // 2)  # turns in the "largest state" window
+text = zipf_text
 
 # -- the graph ---------------------------------------------------------------------------
 
@@ -254,52 +210,27 @@ def lifecycle(path: str) -> dict[str, Any]:
     }
 
 
-def machine(load_at_start: tuple[float, float, float]) -> dict[str, Any]:
-    """Where the numbers come from (other load on the machine included)."""
-    versions = {}
-    for name in ("langgraph", "langgraph-checkpoint-sqlite", "lmdb", "zstandard", "ormsgpack"):
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = "not installed"
-    return {
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cores": os.cpu_count(),
-        "sqlite": sqlite3.sqlite_version,
-        "packages": versions,
-        "loadavg_at_start": [round(x, 2) for x in load_at_start],
-        "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
-    }
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=20)
-    parser.add_argument("--turns", type=int, default=200)
-    parser.add_argument(
-        "--out",
-        default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "storage.json"),
-        help="where to write the JSON results ('-' for nowhere)",
-    )
-    args = parser.parse_args(argv)
-    if args.turns <= LAST:
-        parser.error(f"--turns must be more than {LAST}")
+def test_storage(benchmark: Any) -> None:
     workdir = tempfile.mkdtemp(prefix="kvsaver-bench-storage-")
-    load_at_start = os.getloadavg()
+    label(benchmark, "storage", "all savers", 1)
     try:
-        result = run(args.threads, args.turns, workdir)
+        result = benchmark.pedantic(run, args=(THREADS, TURNS, workdir), rounds=1)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    result["machine"] = machine(load_at_start)
-    print(json.dumps(result, indent=2))
-    if args.out != "-":
-        os.makedirs(os.path.dirname(args.out), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=2)
-            f.write("\n")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    ms = result.pop("ms_per_superstep")
+    disk = result.pop("disk_bytes")
+    ratios = result.pop("bytes_ratio_vs_sqlite")
+    rows = metric_rows(
+        disk_bytes=disk,
+        x_sqlite_bytes={"sqlite": 1.0, **ratios},
+        live_bytes=result.pop("kv_live_bytes"),
+        **{k: {n: v[k] for n, v in ms.items()} for k in next(iter(ms.values()))},
+    )
+    record(
+        "storage",
+        "storage",
+        f"a chat graph, {THREADS} threads x {TURNS} turns; bytes and ms per superstep",
+        rows,
+        info=result,
+        targets=[target("bytes on disk vs SqliteSaver", ratios["kv"], 0.3)],
+    )
