@@ -1,10 +1,11 @@
 """The group-commit queue: callers' functions waiting to be committed together.
 
-``LMDBStore.transact`` queues a ``_Request``; the oldest queued request
-leads: it takes the queue as its batch (``gather``, which waits for more
+``LMDBStore.transact`` queues a ``_Request``; one request at a time leads:
+its thread takes the queue as its batch (``gather``, which waits for more
 requests only while waiting has paid), commits the batch in one transaction
-and one sync, and hands the lead on (``hand_over``). A caller that is
-interrupted takes its request back (``withdraw``).
+and one sync (``LMDBStore._run_batch``), and hands the lead to the oldest
+queued request (``hand_over``). A caller that is interrupted takes its
+request back (``withdraw``).
 
 ``_CommitQueue`` is a part of ``environment._Env``, whose ``_open`` sets the
 state declared here.
