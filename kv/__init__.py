@@ -6,7 +6,7 @@ Imports nothing of ours above it: ``saver/`` builds on this, never the reverse.
 
 from .file import FileStore
 from .keys import pack, prefix_range, unpack
-from .lmdb_store import LMDBStore
+from .lmdb import LMDBStore
 from .memory import MemoryStore
 from .postgres import (  # psycopg itself is imported only when a store is opened
     CommitUnknownError,

@@ -624,7 +624,7 @@ def test_an_unhashable_serializer_gets_deltas_and_one_without_attributes_works()
 
 
 def test_compaction_keeps_chains(tmp_path: Any) -> None:
-    from kvsaver.kv.lmdb_store import compact_lmdb
+    from kvsaver.kv.lmdb.compact import compact_lmdb
 
     path = str(tmp_path / "s")
     with KVSaver(path) as saver:

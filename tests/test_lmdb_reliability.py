@@ -409,7 +409,7 @@ def test_an_empty_or_foreign_data_file_is_corrupt(tmp_path: Path, content: bytes
     descriptor``) and ``compact`` of a data.mdb that is not LMDB (was a
     traceback): CorruptStoreError naming the file, exit status 2."""
     from kvsaver.kv import CorruptStoreError, LMDBStore
-    from kvsaver.kv.lmdb_store import compact_lmdb
+    from kvsaver.kv.lmdb.compact import compact_lmdb
 
     path = tmp_path / "s"
     path.mkdir()

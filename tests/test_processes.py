@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import kvsaver.kv.lmdb_store as kv_lmdb_store
+import kvsaver.kv.lmdb.environment as lmdb_environment
 import procs_helpers as H
 import pytest
 from kvsaver import KVSaver
@@ -299,7 +299,7 @@ def test_fork_during_a_long_read_gives_the_child_a_clear_error(
     child, the inherited saver and a saver opened anew on the same directory
     (py-lmdb refuses to open the same files twice in a process) both raise a
     clear KVError naming the store; the parent is unaffected."""
-    monkeypatch.setattr(kv_lmdb_store, "_FORK_WAIT_SECONDS", 0.2)
+    monkeypatch.setattr(lmdb_environment, "_FORK_WAIT_SECONDS", 0.2)
     path = tmp_path / "store"
     saver = KVSaver(path)
     try:

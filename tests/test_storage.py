@@ -14,7 +14,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import kvsaver.kv.lmdb_store as lmdb_store
+import kvsaver.kv.lmdb.environment as lmdb_environment
+import kvsaver.kv.lmdb.lockfile as lmdb_lockfile
 import lmdb
 import pytest
 from crafted_helpers import plant
@@ -29,7 +30,8 @@ from kvsaver.kv import (
     SupportsDiskUsage,
 )
 from kvsaver.kv.keys import unpack
-from kvsaver.kv.lmdb_store import LOCK_FILE, compact_lmdb
+from kvsaver.kv.lmdb.compact import compact_lmdb
+from kvsaver.kv.lmdb.lockfile import LOCK_FILE
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.base.id import uuid6
@@ -259,7 +261,7 @@ def test_an_opener_waits_for_a_running_compaction(
     no time at all, so it gives up with a clear error) and opens afterwards."""
     path = str(tmp_path / "store")
     LMDBStore(path).close()
-    monkeypatch.setattr(lmdb_store, "_COMPACTION_WAIT_SECONDS", 0.0)
+    monkeypatch.setattr(lmdb_lockfile, "_COMPACTION_WAIT_SECONDS", 0.0)
     fd = os.open(os.path.join(path, LOCK_FILE), os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # what compact_lmdb holds while it works
@@ -393,13 +395,13 @@ def test_threads_of_a_forked_child_wait_for_the_reopen(
     store = LMDBStore(path)
     with store.write() as txn:
         txn.put(b"k", b"v")
-    real = lmdb_store._hold_shared
+    real = lmdb_environment._hold_shared
 
     def slow(path: str, readonly: bool) -> int | None:
         time.sleep(0.2)
         return real(path, readonly)
 
-    monkeypatch.setattr(lmdb_store, "_hold_shared", slow)
+    monkeypatch.setattr(lmdb_environment, "_hold_shared", slow)
     pid = os.fork()
     if pid == 0:  # the child: report through the exit status only
         code = 1

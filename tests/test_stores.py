@@ -42,7 +42,7 @@ from kvsaver.kv import (
     StoreFullError,
     Txn,
 )
-from kvsaver.kv import lmdb_store as kv_lmdb_store
+from kvsaver.kv.lmdb import commitqueue
 
 REPO = Path(__file__).resolve().parents[1]
 CHILD_ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -711,7 +711,7 @@ def test_lmdb_group_commit_gathers_concurrent_writers_but_never_a_lone_one(
     store = LMDBStore(str(tmp_path / "g"))
     env = store._env
     sizes = batch_sizes(store)
-    monkeypatch.setattr(kv_lmdb_store, "_GATHER_MAX_SECONDS", 60.0)
+    monkeypatch.setattr(commitqueue, "_GATHER_MAX_SECONDS", 60.0)
     env.batch_sizes, env.commit_seconds = (2, 2), 120.0
     first = threading.Thread(target=store.transact, args=(lambda txn: txn.put(b"a", b"1"),))
     first.start()
@@ -741,7 +741,7 @@ def test_lmdb_gathering_leader_is_woken_by_the_request_that_fills_its_batch(
     sleeps: list[float] = []
     real_sleep = time.sleep
 
-    class Clock:  # kv_lmdb_store's ``time``, with its sleeps counted
+    class Clock:  # commitqueue's ``time``, with its sleeps counted
         def __getattr__(self, name: str) -> Any:
             return getattr(time, name)
 
@@ -751,8 +751,8 @@ def test_lmdb_gathering_leader_is_woken_by_the_request_that_fills_its_batch(
                 sleeps.append(seconds)
             real_sleep(seconds)
 
-    monkeypatch.setattr(kv_lmdb_store, "time", Clock())
-    monkeypatch.setattr(kv_lmdb_store, "_GATHER_MAX_SECONDS", 60.0)
+    monkeypatch.setattr(commitqueue, "time", Clock())
+    monkeypatch.setattr(commitqueue, "_GATHER_MAX_SECONDS", 60.0)
     env.batch_sizes, env.commit_seconds = (2, 2), 120.0
     first = threading.Thread(target=store.transact, args=(lambda txn: txn.put(b"a", b"1"),))
     first.start()
@@ -778,7 +778,7 @@ def test_lmdb_gathering_leader_waits_for_company_as_long_as_a_commit(
     bound is checked: a timed wait never ends early."""
     store = LMDBStore(str(tmp_path / "g"))
     env = store._env
-    monkeypatch.setattr(kv_lmdb_store, "_GATHER_MAX_SECONDS", 60.0)
+    monkeypatch.setattr(commitqueue, "_GATHER_MAX_SECONDS", 60.0)
     env.batch_sizes, env.commit_seconds = (2, 2), 0.3
     started = time.monotonic()
     store.transact(lambda txn: txn.put(b"a", b"1"))  # company expected; none comes
@@ -1018,7 +1018,7 @@ def test_lmdb_zeroing_ahead_never_passes_the_cap_nor_outlives_a_write_error(
         assert os.path.getsize(tmp_path / "cap" / "data.mdb") <= cap
     # A failing zero write (a full disk) is cut back off the file, zeroing
     # stops, and the transaction it ran in commits as if nothing happened.
-    import kvsaver.kv.lmdb_store as lmdb_store
+    import kvsaver.kv.lmdb.growth as lmdb_growth
 
     calls = []
 
@@ -1026,7 +1026,7 @@ def test_lmdb_zeroing_ahead_never_passes_the_cap_nor_outlives_a_write_error(
         calls.append(offset)
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(lmdb_store.os, "pwrite", failing)
+    monkeypatch.setattr(lmdb_growth.os, "pwrite", failing)
     path = tmp_path / "enospc"
     with LMDBStore(path) as store:
         for i in range(20):

@@ -51,7 +51,7 @@ import click
 from kvsaver import KVSaver, Retention
 from kvsaver._compat import strict_jsonplus
 from kvsaver.kv import KVError, PostgresStore
-from kvsaver.kv.lmdb_store import compact_lmdb
+from kvsaver.kv.lmdb import compact_lmdb
 from kvsaver.kv.postgres import is_postgres_url
 
 from .cliutil import Command, Fail, Group, encrypting, module_prog
