@@ -188,7 +188,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         readonly: open read-only; every write raises ``kv.ReadOnlyError``.
         backend: ``"lmdb"`` (default) or ``"file"`` when a path is given.
         durability: LMDB only: ``"full"`` (default), ``"meta"`` or ``"none"``;
-            see ``kv.lmdb_store`` for what each gives up.
+            see ``kv.lmdb`` for what each gives up.
         max_size: LMDB only: cap on the store's size in bytes; a write past it
             raises ``kv.StoreFullError``.
         compress: zstd-compress serialized values of at least
