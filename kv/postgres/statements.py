@@ -1,8 +1,8 @@
 """Every SQL statement of the store, composed once per table (``_Queries``),
-each also a named server-side prepared statement (``_Stmt``); and the
-``bytea[]`` and ``bool[]`` parameters, built here in PostgreSQL's binary array
-format rather than by psycopg's list dumper (``_bytea_array``,
-``_register_arrays``). Nothing here talks to the server.
+each also a named server-side prepared statement (``_Stmt``); and the array
+parameters, built here in PostgreSQL's binary format (``_bytea_array``,
+``_register_arrays``): less client CPU than psycopg's list dumper. Nothing here
+talks to the server; what it is sent is made in this one place.
 """
 
 from __future__ import annotations
