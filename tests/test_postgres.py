@@ -292,7 +292,7 @@ def test_a_write_takes_its_own_result_after_earlier_unread_ones(postgres_url: st
     (CI once saw "too many values to unpack" from a write under two processes
     writing at once; I could not make that race happen on
     demand, so this checks the rule on the connection's real results.)"""
-    from kvsaver.kv.postgres import _own_result
+    from kvsaver.kv.postgres.driver import _own_result
     from psycopg.generators import execute
 
     with psycopg.connect(postgres_url, autocommit=True) as conn:
@@ -330,7 +330,7 @@ def test_the_prepared_write_outlives_reads_rollbacks_and_deallocate(
     read naming a statement the server no longer has. (With psycopg's own prepared
     statements, a ROLLBACK result queued a DEALLOCATE ALL that it sent just
     after preparing the next statement: "prepared statement does not exist".)"""
-    from kvsaver.kv.postgres import _LINGER
+    from kvsaver.kv.postgres.connections import _LINGER
 
     store = PostgresStore(postgres_url, table=table, max_size=1)  # one connection
     saver = KVSaver(store)
@@ -565,7 +565,7 @@ def test_the_reaper_lives_while_connections_come_and_go(monkeypatch: pytest.Monk
     only once nothing lingers and nothing came back since its last look.
     Before, it ended at any look that found nothing lingering, and the next
     transaction started a thread again (four times a second)."""
-    from kvsaver.kv import postgres as P
+    from kvsaver.kv.postgres import connections as P
 
     class Pool:
         closed = False
@@ -596,7 +596,7 @@ def test_a_statement_rendered_by_two_threads_at_once() -> None:
     """_Stmt.render reads each attribute once: another thread may render
     the same statement between its test and its use (the first use of a
     scan's statement, from several threads), and then finds bytes there."""
-    from kvsaver.kv.postgres import _Stmt
+    from kvsaver.kv.postgres.statements import _Stmt
 
     class Composed:
         def as_bytes(self, conn: object) -> bytes:
@@ -628,7 +628,7 @@ def test_a_deferred_rollback_never_outlives_the_linger_time(
     """A read leaves its connection in its transaction for the next one to end
     (one round trip less); nobody coming, the reaper ends it: no session
     stays idle in transaction, holding back vacuum."""
-    from kvsaver.kv import postgres as kvpg
+    from kvsaver.kv.postgres import connections as kvpg
 
     # Long enough for a second connection to look while the read lingers, on
     # a loaded machine (the default is 0.5 s).
@@ -686,7 +686,7 @@ def test_a_caller_waiting_for_the_pool_takes_a_connection_left_lingering(
     takes a connection another thread of the store leaves lingering, not only
     one the reaper gives back to the pool (here not before 30 s: the wait
     for the pool would time out)."""
-    from kvsaver.kv import postgres as kvpg
+    from kvsaver.kv.postgres import connections as kvpg
 
     monkeypatch.setattr(kvpg, "_LINGER", 30.0)
     store = PostgresStore(postgres_url, table=table, max_size=1, pool_timeout=10)
@@ -996,7 +996,7 @@ def test_an_interrupted_waiting_call_leaves_the_queue(
 ) -> None:
     """A caller interrupted while its call waits behind a leader takes the
     call out of the queue: it is not applied, and the calls behind it go on."""
-    from kvsaver.kv import postgres as kvpg
+    from kvsaver.kv.postgres import group_commit as kvpg
 
     class Interrupted:  # the wait of the call queued raises, as a ^C would
         def acquire(self, timeout: float = -1) -> bool:
@@ -1073,7 +1073,7 @@ def test_a_commit_whose_result_is_lost_is_looked_for(
     in the table as sent, the call succeeds; when not, its outcome is
     unknown (CommitUnknownError), as before. Before, both raised. (A
     transaction that read first has its id already: txid_status answers.)"""
-    from kvsaver.kv import postgres as P
+    from kvsaver.kv.postgres import txn as P
 
     store = PostgresStore(postgres_url, table=table)
     try:
@@ -1119,7 +1119,7 @@ def test_a_pipeline_broken_mid_way_keeps_the_results_that_came(
 ) -> None:
     """_exchange: the connection lost after some results came: the error
     carries them (kv_rows), each statement's rows in order."""
-    from kvsaver.kv import postgres as P
+    from kvsaver.kv.postgres import driver as P
 
     orig = P._round_trip
 
@@ -1149,7 +1149,7 @@ def test_a_commit_lost_after_its_id_came_is_asked_about_and_rerun(
     "aborted", so nothing was committed, and transact runs the write again
     on a new connection. Before, the id was dropped with the connection:
     CommitUnknownError."""
-    from kvsaver.kv import postgres as P
+    from kvsaver.kv.postgres import txn as P
 
     pool = ConnectionPool(
         postgres_url, min_size=1, max_size=2, kwargs={"autocommit": True}, open=True
@@ -1221,7 +1221,7 @@ def test_a_connection_that_died_idle_in_the_pool_is_replaced(postgres_url: str, 
     the server (a killed session, a restart): the next transaction sets up
     another instead of failing, even with retries=0, since nothing of the
     caller's was sent."""
-    from kvsaver.kv import postgres as kvpg
+    from kvsaver.kv.postgres import connections as kvpg
 
     store = PostgresStore(postgres_url, table=table, retries=0, min_size=3)
     try:
@@ -1258,7 +1258,7 @@ def test_unreachable_server_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) ->
     grace period into the wait (a server still starting refuses for a
     moment), not after pool_timeout (before: "no connection to PostgreSQL
     within 30 s", after 30 s, the cause only in the pool's log)."""
-    from kvsaver.kv import postgres as P
+    from kvsaver.kv.postgres import connections as P
 
     monkeypatch.setattr(P, "_FIRST_CONNECT_GRACE", 0.3)
     url = "postgresql://postgres@127.0.0.1:9/postgres?sslmode=disable"
@@ -1316,7 +1316,7 @@ def test_why_a_store_cannot_connect_decides_how_long_it_waits(
     after the grace period; anything else (the server full, starting up, a
     timeout) is waited for up to pool_timeout, the reason kept for the
     message."""
-    from kvsaver.kv import postgres as P
+    from kvsaver.kv.postgres import connections as P
 
     store = PostgresStore("postgresql://me@127.0.0.1:9/x", min_size=0, pool_timeout=30)
     try:
