@@ -97,6 +97,7 @@ __all__ = [
     "CompressingSerializer",
     "DamagedValueError",
     "EncryptedValueError",
+    "Stack",
     "ValueReaders",
     "loader",
     "value_readers",
@@ -469,6 +470,87 @@ def value_readers(serde: SerializerProtocol) -> ValueReaders | None:
     if fast is None or fast[1] is not loads:
         return None
     return fast[2]
+
+
+class Stack:
+    """The layers of a serializer stack, ``[EncryptedSerializer](
+    [CompressingSerializer](inner))``, and the one home of what puts bytes
+    through them outside the serializers' own ``dumps_typed``/``loads_typed``:
+    the saver serializes a value once with ``inner`` and compresses and
+    encrypts either the whole of it or a part (a delta's piece, a checkpoint
+    spliced with its small values) here, and reads them back here."""
+
+    def __init__(self, serde: SerializerProtocol) -> None:
+        self.top = serde
+        self.enc = serde if isinstance(serde, EncryptedSerializer) else None
+        mid = self.enc.serde if self.enc is not None else serde
+        self.comp = mid if isinstance(mid, CompressingSerializer) else None
+        # A layer of a subclass that makes its own bytes (its own
+        # ``dumps_typed``): a channel value that is not a list goes through
+        # ``serde.dumps_typed``, and no head is made.
+        self.custom = any(
+            layer is not None and type(layer).dumps_typed is not cls.dumps_typed
+            for layer, cls in ((self.enc, EncryptedSerializer), (self.comp, CompressingSerializer))
+        )
+        self.inner = self.comp.serde if self.comp is not None else mid
+
+    def wrap(self, typ: str, data: bytes, threshold: int | None = None) -> tuple[str, bytes]:
+        if self.comp is not None:
+            typ, data = self.comp.compress_typed(typ, data, threshold)
+        if self.enc is not None:
+            name, data = self.enc.cipher.encrypt(data)
+            typ = f"{typ}+{name}"
+        return typ, data
+
+    def dumps_small(self, value: Any, *, remember: bool = True) -> tuple[str, bytes]:
+        """``serde.dumps_typed`` for a checkpoint, a pending write or the
+        graph's input (``__start__``): a value under the compression
+        threshold is compressed with zstd's dictionary of checkpoint and
+        message bytes when that pays (``compress_small``), inside any
+        encryption. ``remember``: see ``compress_small``."""
+        if self.comp is None:
+            return self.top.dumps_typed(value)
+        return self.wrap_small(*self.comp.serde.dumps_typed(value), remember=remember)
+
+    def wrap_small(self, typ: str, data: bytes, *, remember: bool = True) -> tuple[str, bytes]:
+        """``wrap`` with ``compress_small`` for the compression."""
+        if self.comp is not None:
+            typ, data = self.comp.compress_small(typ, data, remember=remember)
+        if self.enc is not None:
+            name, data = self.enc.cipher.encrypt(data)
+            typ = f"{typ}+{name}"
+        return typ, data
+
+    def unwrap(self, typ: str, data: bytes) -> tuple[str, bytes]:
+        if "+" in typ:
+            if self.enc is None:
+                raise ValueError(f"a value encrypted with {typ!r}, but no EncryptedSerializer")
+            typ, name = typ.split("+", 1)
+            data = self.enc.cipher.decrypt(name, data)
+        if self.comp is not None:
+            typ, data = self.comp.decompress_typed(typ, data)
+        return typ, data
+
+    def piece_reader(self) -> Callable[[str, bytes], bytes]:
+        """``unwrap(typ, piece)[1]``, with the usual piece types decompressed
+        directly: a cold read of a delta chain decompresses up to
+        ``MAX_CHAIN - 1`` pieces once, into the value the delta layer caches,
+        so the cache of decompressed values and the layers would only cost
+        time."""
+        comp, unwrap = self.comp, self.unwrap
+        if comp is None:
+            return lambda typ, piece: unwrap(typ, piece)[1]
+        small, zst = comp._dict_decompressor(), comp._decompressor()
+        small_type, zst_type = "msgpack" + DICT_SUFFIX, "msgpack" + SUFFIX
+
+        def read(typ: str, piece: bytes) -> bytes:
+            if typ == small_type:
+                return unzstd(small, piece)
+            if typ == zst_type:
+                return unzstd(zst, piece)
+            return unwrap(typ, piece)[1]
+
+        return read
 
 
 def _find(serde: SerializerProtocol) -> CompressingSerializer | None:
