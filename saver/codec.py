@@ -6,6 +6,7 @@ what deltas are and why; their records are ``saver/delta_records.py``'s).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 import weakref
@@ -677,7 +678,7 @@ def codec(serde: SerializerProtocol) -> Codec:
         c = Codec(serde)
         key = id(serde)
         try:
-            ref = weakref.ref(serde, lambda r, key=key: _forget(key, r))
+            ref = weakref.ref(serde, functools.partial(_forget, key))
         except TypeError:  # no weak references (slots): no cache
             c.enabled = False
             return c
