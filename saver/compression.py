@@ -84,6 +84,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
+from . import _upstream as U
 from .messages import fast_hook
 
 __all__ = [
@@ -412,7 +413,7 @@ def loader(serde: SerializerProtocol) -> Callable[[tuple[str, bytes]], Any]:
     if not isinstance(serde, CompressingSerializer):
         return serde.loads_typed
     inner = serde.serde
-    stock = getattr(inner, "_unpack_ext_hook", None)
+    stock = U.stock_ext_hook(inner)
     if type(inner) is not JsonPlusSerializer or stock is None:
         return serde.loads_typed
     fast = serde._loader
@@ -420,7 +421,7 @@ def loader(serde: SerializerProtocol) -> Callable[[tuple[str, bytes]], Any]:
         return fast[1]
     # Messages built with less Python, the same objects, unless
     # the hook is the user's own (``__unpack_ext_hook__``): it decides alone.
-    custom = getattr(inner, "_custom_unpack_ext_hook", True)
+    custom = U.custom_ext_hook(inner)
     hook = stock if custom else fast_hook(stock)
     unpackb, option, inflate, inflate_small, slow = (
         ormsgpack.unpackb,
