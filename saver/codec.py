@@ -10,7 +10,6 @@ import functools
 import hashlib
 import threading
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
@@ -22,7 +21,7 @@ from . import compression as C
 from . import elements as E
 from . import heads as H
 from . import schema as S
-from ._lru import SizedLRU
+from ._lru import SizedLRU, split
 from ._msgpack import header, make_header
 from .delta_records import (
     _DIGEST,
@@ -56,7 +55,7 @@ class _Recent(SizedLRU[bytes, _Entry]):
     (a whole record is its content; a delta carries its content's digest), so
     it can never serve a stale value."""
 
-    def cost(self, value: _Entry) -> int:
+    def cost(self, key: bytes, value: _Entry) -> int:
         return len(value.raw) + len(value.plain)
 
     def get(self, key: bytes, raw: bytes) -> _Entry | None:
@@ -65,6 +64,18 @@ class _Recent(SizedLRU[bytes, _Entry]):
             return None
         self.touch(key)
         return e
+
+
+_VERSIONS = 4096  # checkpoints whose versions a codec remembers
+
+
+class _Versions(SizedLRU[tuple[str, str, str], Mapping[str, Any]]):
+    """(thread, ns, checkpoint id) -> channel_versions of the checkpoints
+    this process wrote, counted one per entry, oldest put out first (a hit
+    does not touch: the next put's parent is nearly always the last put)."""
+
+    def cost(self, key: tuple[str, str, str], value: Mapping[str, Any]) -> int:
+        return 1
 
 
 class Codec(C.Stack):
@@ -77,13 +88,12 @@ class Codec(C.Stack):
         # Lists serialized element by element, reusing the bytes of the
         # elements unchanged since the previous put (``elements``): only
         # under JsonPlusSerializer's own ``dumps_typed``.
-        # The caches' memory follows the compression layer's ``cache_bytes``
-        # (KVSaver's ``cache_bytes`` / 4): rebuilt lists as much again, the
-        # elements' bytes twice as much; 0 keeps none.
-        budget = self.comp.cache_bytes if self.comp is not None else C.DEFAULT_CACHE_BYTES
+        # The caches' memory follows the compression layer's ``cache_bytes``,
+        # split among them in one place (``_lru.split``); 0 keeps none.
+        budget = split(self.comp.cache_bytes if self.comp is not None else C.DEFAULT_CACHE_BYTES)
         self.elements = (
-            E.Elements(2 * budget)
-            if budget
+            E.Elements(budget.elements)
+            if budget.elements
             and E.ENABLED
             and type(self.inner).dumps_typed is JsonPlusSerializer.dumps_typed
             else None
@@ -94,10 +104,10 @@ class Codec(C.Stack):
         self.max_chain = MAX_CHAIN
         self.stride = STRIDE
         self.min_bytes = MIN_BYTES
-        self.recent = _Recent(budget)
+        self.recent = _Recent(budget.rebuilt)
         # (thread, ns, checkpoint id) -> channel_versions of checkpoints this
         # process wrote: the parent of the next put is nearly always one.
-        self._versions: OrderedDict[tuple[str, str, str], Mapping[str, Any]] = OrderedDict()
+        self._versions = _Versions(_VERSIONS)
         # The serializer object itself is held weakly (the layers below it
         # are other objects): ``codec`` keeps one codec per live serializer,
         # and a strong reference from it would keep both alive for good.
@@ -404,7 +414,7 @@ class Codec(C.Stack):
         not inside the transaction. None when anything is not in memory."""
         if not parent_id:
             return None
-        parent = self._versions.get((thread, ns, str(parent_id)))
+        parent = self._versions.items.get((thread, ns, str(parent_id)))
         ref = parent.get(ch) if parent is not None else None
         if ref is None:
             return None
@@ -517,7 +527,7 @@ class Codec(C.Stack):
         lists = [p for p in pending if p.plain is not None]
         if not lists or not parent_id:
             return keys
-        parent = self._versions.get((thread, ns, str(parent_id)))
+        parent = self._versions.items.get((thread, ns, str(parent_id)))
         if parent is None:
             keys.append(S.checkpoint_key(thread, ns, str(parent_id)))
             return keys
@@ -556,7 +566,7 @@ class Codec(C.Stack):
     ) -> Mapping[str, Any]:
         if not parent_id:
             return {}
-        hit = self._versions.get((thread, ns, str(parent_id)))
+        hit = self._versions.items.get((thread, ns, str(parent_id)))
         if hit is not None:
             return hit
         raw = get(S.checkpoint_key(thread, ns, str(parent_id)))
@@ -572,9 +582,7 @@ class Codec(C.Stack):
         """After a put: its checkpoint's versions, for the put that follows it."""
         if not self.enabled or not isinstance(versions, Mapping):
             return
-        self._versions[(thread, ns, checkpoint_id)] = dict(versions)
-        while len(self._versions) > 4096:
-            self._versions.popitem(last=False)
+        self._versions.put((thread, ns, checkpoint_id), dict(versions))
 
     # -- keeping chains whole ----------------------------------------------------------
 

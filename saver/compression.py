@@ -74,7 +74,6 @@ import base64
 import copy
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Collection
 from typing import Any, NamedTuple
 
@@ -85,6 +84,7 @@ from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from . import _upstream as U
+from ._lru import SizedLRU, split
 from .messages import fast_hook
 
 __all__ = [
@@ -181,7 +181,7 @@ def unzstd(decompressor: zstandard.ZstdDecompressor, frame: bytes) -> bytes:
         raise DamagedValueError(f"a stored value does not decompress ({e})") from e
 
 
-class _Inflated:
+class _Inflated(SizedLRU[bytes, bytes]):
     """Decompressed bytes by compressed bytes: least recently used first out,
     at most ``max_bytes`` of both together. Values over 1/8 of it are not kept.
 
@@ -194,11 +194,11 @@ class _Inflated:
     to each of its reads."""
 
     def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.size = 0
-        self.items: OrderedDict[bytes, bytes] = OrderedDict()
+        super().__init__(max_bytes, share=3)
         self.seen: set[int] = set()  # hashes of compressed bytes read once, not kept
-        self.lock = threading.Lock()
+
+    def cost(self, key: bytes, value: bytes) -> int:
+        return len(key) + len(value)
 
     def get(self, packed: bytes) -> bytes | None:
         if type(packed) is not bytes:
@@ -212,8 +212,7 @@ class _Inflated:
         return plain
 
     def add(self, packed: bytes, plain: bytes, read: bool = False) -> None:
-        cost = len(packed) + len(plain)
-        if cost > self.max_bytes >> 3 or type(packed) is not bytes:
+        if len(packed) + len(plain) > self.max_bytes >> 3 or type(packed) is not bytes:
             return
         if read:
             h = hash(packed)  # computed by get() already: bytes keep their hash
@@ -223,14 +222,8 @@ class _Inflated:
                 self.seen.add(h)
                 return
             self.seen.discard(h)
-        with self.lock:
-            if packed in self.items:
-                return
-            self.items[packed] = plain
-            self.size += cost
-            while self.size > self.max_bytes:
-                old, old_plain = self.items.popitem(last=False)
-                self.size -= len(old) + len(old_plain)
+        if packed not in self.items:  # the same bytes decompress to the same value
+            self.put(packed, plain)
 
 
 class CompressingSerializer(SerializerProtocol):
@@ -247,7 +240,7 @@ class CompressingSerializer(SerializerProtocol):
             from it too: rebuilt lists as much again, a list's elements'
             bytes twice as much (``saver.elements``), so a serializer's
             caches hold about 4x ``cache_bytes`` in all (33 MiB by default),
-            and 0 turns all of them off.
+            and 0 turns all of them off. The split is ``_lru.split``.
     """
 
     def __init__(
@@ -268,9 +261,10 @@ class CompressingSerializer(SerializerProtocol):
         self.threshold = threshold
         self.level = level
         self.cache_bytes = cache_bytes
-        self._inflated = _Inflated(cache_bytes)
+        budget = split(cache_bytes)
+        self._inflated = _Inflated(budget.inflated)
         # Apart: the same frame bytes mean other bytes with the dictionary.
-        self._inflated_small = _Inflated(cache_bytes >> 3)
+        self._inflated_small = _Inflated(budget.inflated_small)
         # zstd contexts must not be shared by concurrent threads (async
         # methods run in worker threads): one pair per thread.
         self._local = threading.local()

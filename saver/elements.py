@@ -220,7 +220,7 @@ class Elements(SizedLRU[Hashable, _Held]):
     def lists(self) -> OrderedDict[Hashable, _Held]:
         return self.items
 
-    def cost(self, value: _Held) -> int:
+    def cost(self, key: Hashable, value: _Held) -> int:
         return value.size
 
     def dumps(self, key: Hashable, value: list[Any]) -> bytes | None:
