@@ -549,11 +549,8 @@ class Stack:
 
 
 def _find(serde: SerializerProtocol) -> CompressingSerializer | None:
-    if isinstance(serde, CompressingSerializer):
-        return serde
-    if isinstance(serde, EncryptedSerializer) and isinstance(serde.serde, CompressingSerializer):
-        return serde.serde
-    return None
+    """The stack's ``CompressingSerializer``, if it has one."""
+    return Stack(serde).comp
 
 
 def wrap(
