@@ -72,6 +72,9 @@ def _forwarding() -> frozenset[Any]:
 
 _FORWARDING: frozenset[Any] | None = None
 _classes: dict[tuple[str, str], Any] = {}  # (module, name) -> class, or None: stock
+# The names come from stored records (any pydantic class): emptied when full,
+# as the other memos of names are (``elements._PLAIN``, ``keyspace._memo``).
+_CLASSES_MAX = 1024
 
 
 def _fast_class(module: str, name: str) -> Any:
@@ -80,6 +83,8 @@ def _fast_class(module: str, name: str) -> Any:
     key = (module, name)
     if key in _classes:
         return _classes[key]
+    if len(_classes) >= _CLASSES_MAX:
+        _classes.clear()  # the same dict: fast_hook's reference stays valid
     if key not in _SAFE:
         _classes[key] = None
         return None
