@@ -1,10 +1,11 @@
 """The saver's one cache type and the one split of its memory budget.
 
-``SizedLRU`` is a byte-bounded least-recently-used map: every per-serializer
-cache of values the saver can check on use is one (``compression._Inflated``:
-decompressed values, twice; ``codec._Recent``: rebuilt list values;
-``elements.Elements``: a list's elements' bytes; the codec's versions of the
-checkpoints it wrote, counted one per entry).
+``SizedLRU`` is a bounded least-recently-used map, each entry costing what
+its subclass says: every cache a serializer stack keeps is one
+(``compression._Inflated``: decompressed values, twice; ``codec._Recent``:
+rebuilt list values; ``elements.Elements``: a list's elements' bytes;
+``codec._Versions``: the versions of the checkpoints a codec wrote, one per
+entry).
 
 ``split`` is where a serializer's ``cache_bytes`` is divided among them.
 ``KVSaver(cache_bytes=N)`` gives its ``CompressingSerializer`` ``N // 4``
