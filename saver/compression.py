@@ -74,7 +74,6 @@ import base64
 import copy
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Collection
 from typing import Any, NamedTuple
 
@@ -84,6 +83,8 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
+from . import _upstream as U
+from ._lru import SizedLRU, split
 from .messages import fast_hook
 
 __all__ = [
@@ -97,6 +98,7 @@ __all__ = [
     "CompressingSerializer",
     "DamagedValueError",
     "EncryptedValueError",
+    "Stack",
     "ValueReaders",
     "loader",
     "value_readers",
@@ -179,7 +181,7 @@ def unzstd(decompressor: zstandard.ZstdDecompressor, frame: bytes) -> bytes:
         raise DamagedValueError(f"a stored value does not decompress ({e})") from e
 
 
-class _Inflated:
+class _Inflated(SizedLRU[bytes, bytes]):
     """Decompressed bytes by compressed bytes: least recently used first out,
     at most ``max_bytes`` of both together. Values over 1/8 of it are not kept.
 
@@ -192,11 +194,11 @@ class _Inflated:
     to each of its reads."""
 
     def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.size = 0
-        self.items: OrderedDict[bytes, bytes] = OrderedDict()
+        super().__init__(max_bytes, share=3)
         self.seen: set[int] = set()  # hashes of compressed bytes read once, not kept
-        self.lock = threading.Lock()
+
+    def cost(self, key: bytes, value: bytes) -> int:
+        return len(key) + len(value)
 
     def get(self, packed: bytes) -> bytes | None:
         if type(packed) is not bytes:
@@ -210,8 +212,7 @@ class _Inflated:
         return plain
 
     def add(self, packed: bytes, plain: bytes, read: bool = False) -> None:
-        cost = len(packed) + len(plain)
-        if cost > self.max_bytes >> 3 or type(packed) is not bytes:
+        if len(packed) + len(plain) > self.max_bytes >> 3 or type(packed) is not bytes:
             return
         if read:
             h = hash(packed)  # computed by get() already: bytes keep their hash
@@ -221,14 +222,8 @@ class _Inflated:
                 self.seen.add(h)
                 return
             self.seen.discard(h)
-        with self.lock:
-            if packed in self.items:
-                return
-            self.items[packed] = plain
-            self.size += cost
-            while self.size > self.max_bytes:
-                old, old_plain = self.items.popitem(last=False)
-                self.size -= len(old) + len(old_plain)
+        if packed not in self.items:  # the same bytes decompress to the same value
+            self.put(packed, plain)
 
 
 class CompressingSerializer(SerializerProtocol):
@@ -245,7 +240,7 @@ class CompressingSerializer(SerializerProtocol):
             from it too: rebuilt lists as much again, a list's elements'
             bytes twice as much (``saver.elements``), so a serializer's
             caches hold about 4x ``cache_bytes`` in all (33 MiB by default),
-            and 0 turns all of them off.
+            and 0 turns all of them off. The split is ``_lru.split``.
     """
 
     def __init__(
@@ -266,9 +261,10 @@ class CompressingSerializer(SerializerProtocol):
         self.threshold = threshold
         self.level = level
         self.cache_bytes = cache_bytes
-        self._inflated = _Inflated(cache_bytes)
+        budget = split(cache_bytes)
+        self._inflated = _Inflated(budget.inflated)
         # Apart: the same frame bytes mean other bytes with the dictionary.
-        self._inflated_small = _Inflated(cache_bytes >> 3)
+        self._inflated_small = _Inflated(budget.inflated_small)
         # zstd contexts must not be shared by concurrent threads (async
         # methods run in worker threads): one pair per thread.
         self._local = threading.local()
@@ -411,7 +407,7 @@ def loader(serde: SerializerProtocol) -> Callable[[tuple[str, bytes]], Any]:
     if not isinstance(serde, CompressingSerializer):
         return serde.loads_typed
     inner = serde.serde
-    stock = getattr(inner, "_unpack_ext_hook", None)
+    stock = U.stock_ext_hook(inner)
     if type(inner) is not JsonPlusSerializer or stock is None:
         return serde.loads_typed
     fast = serde._loader
@@ -419,7 +415,7 @@ def loader(serde: SerializerProtocol) -> Callable[[tuple[str, bytes]], Any]:
         return fast[1]
     # Messages built with less Python, the same objects, unless
     # the hook is the user's own (``__unpack_ext_hook__``): it decides alone.
-    custom = getattr(inner, "_custom_unpack_ext_hook", True)
+    custom = U.custom_ext_hook(inner)
     hook = stock if custom else fast_hook(stock)
     unpackb, option, inflate, inflate_small, slow = (
         ormsgpack.unpackb,
@@ -471,12 +467,90 @@ def value_readers(serde: SerializerProtocol) -> ValueReaders | None:
     return fast[2]
 
 
+class Stack:
+    """The layers of a serializer stack, ``[EncryptedSerializer](
+    [CompressingSerializer](inner))``, and the one home of what puts bytes
+    through them outside the serializers' own ``dumps_typed``/``loads_typed``:
+    the saver serializes a value once with ``inner`` and compresses and
+    encrypts either the whole of it or a part (a delta's piece, a checkpoint
+    spliced with its small values) here, and reads them back here."""
+
+    def __init__(self, serde: SerializerProtocol) -> None:
+        self.top = serde
+        self.enc = serde if isinstance(serde, EncryptedSerializer) else None
+        mid = self.enc.serde if self.enc is not None else serde
+        self.comp = mid if isinstance(mid, CompressingSerializer) else None
+        # A layer of a subclass that makes its own bytes (its own
+        # ``dumps_typed``): a channel value that is not a list goes through
+        # ``serde.dumps_typed``, and no head is made.
+        self.custom = any(
+            layer is not None and type(layer).dumps_typed is not cls.dumps_typed
+            for layer, cls in ((self.enc, EncryptedSerializer), (self.comp, CompressingSerializer))
+        )
+        self.inner = self.comp.serde if self.comp is not None else mid
+
+    def wrap(self, typ: str, data: bytes, threshold: int | None = None) -> tuple[str, bytes]:
+        if self.comp is not None:
+            typ, data = self.comp.compress_typed(typ, data, threshold)
+        if self.enc is not None:
+            name, data = self.enc.cipher.encrypt(data)
+            typ = f"{typ}+{name}"
+        return typ, data
+
+    def dumps_small(self, value: Any, *, remember: bool = True) -> tuple[str, bytes]:
+        """``serde.dumps_typed`` for a checkpoint, a pending write or the
+        graph's input (``__start__``): a value under the compression
+        threshold is compressed with zstd's dictionary of checkpoint and
+        message bytes when that pays (``compress_small``), inside any
+        encryption. ``remember``: see ``compress_small``."""
+        if self.comp is None:
+            return self.top.dumps_typed(value)
+        return self.wrap_small(*self.comp.serde.dumps_typed(value), remember=remember)
+
+    def wrap_small(self, typ: str, data: bytes, *, remember: bool = True) -> tuple[str, bytes]:
+        """``wrap`` with ``compress_small`` for the compression."""
+        if self.comp is not None:
+            typ, data = self.comp.compress_small(typ, data, remember=remember)
+        if self.enc is not None:
+            name, data = self.enc.cipher.encrypt(data)
+            typ = f"{typ}+{name}"
+        return typ, data
+
+    def unwrap(self, typ: str, data: bytes) -> tuple[str, bytes]:
+        if "+" in typ:
+            if self.enc is None:
+                raise ValueError(f"a value encrypted with {typ!r}, but no EncryptedSerializer")
+            typ, name = typ.split("+", 1)
+            data = self.enc.cipher.decrypt(name, data)
+        if self.comp is not None:
+            typ, data = self.comp.decompress_typed(typ, data)
+        return typ, data
+
+    def piece_reader(self) -> Callable[[str, bytes], bytes]:
+        """``unwrap(typ, piece)[1]``, with the usual piece types decompressed
+        directly: a cold read of a delta chain decompresses up to
+        ``MAX_CHAIN - 1`` pieces once, into the value the delta layer caches,
+        so the cache of decompressed values and the layers would only cost
+        time."""
+        comp, unwrap = self.comp, self.unwrap
+        if comp is None:
+            return lambda typ, piece: unwrap(typ, piece)[1]
+        small, zst = comp._dict_decompressor(), comp._decompressor()
+        small_type, zst_type = "msgpack" + DICT_SUFFIX, "msgpack" + SUFFIX
+
+        def read(typ: str, piece: bytes) -> bytes:
+            if typ == small_type:
+                return unzstd(small, piece)
+            if typ == zst_type:
+                return unzstd(zst, piece)
+            return unwrap(typ, piece)[1]
+
+        return read
+
+
 def _find(serde: SerializerProtocol) -> CompressingSerializer | None:
-    if isinstance(serde, CompressingSerializer):
-        return serde
-    if isinstance(serde, EncryptedSerializer) and isinstance(serde.serde, CompressingSerializer):
-        return serde.serde
-    return None
+    """The stack's ``CompressingSerializer``, if it has one."""
+    return Stack(serde).comp
 
 
 def wrap(

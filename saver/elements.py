@@ -42,7 +42,8 @@ own code), or under a serializer other than ``JsonPlusSerializer``'s own
 A probe at import checks the assumptions about the serializer: that it has
 the ``_msgpack_enc`` and ``_option`` this module uses, and that its bytes of
 a list are the header followed by its bytes of each element. If a LangGraph
-release ever breaks one, the module turns itself off.
+release ever breaks one, the module turns itself off (those names come from
+``_upstream``, and ``tests/test_upstream.py`` fails then).
 
 What is kept (at most ``max_bytes``: ``CACHE_BYTES`` by default, twice the
 compression layer's ``cache_bytes`` in a saver's codec; least recently used
@@ -60,9 +61,9 @@ from collections.abc import Hashable
 from typing import Any, NamedTuple
 
 import ormsgpack
-from langgraph.checkpoint.serde import jsonplus as _jsonplus
 from pydantic import BaseModel
 
+from . import _upstream as U
 from ._lru import SizedLRU
 from ._msgpack import make_header
 
@@ -70,8 +71,8 @@ __all__ = ["CACHE_BYTES", "Elements"]
 
 CACHE_BYTES = 16 << 20  # what the kept lists hold alive, roughly (all channels)
 
-_enc: Any = getattr(_jsonplus, "_msgpack_enc", None)
-_option: int | None = getattr(_jsonplus, "_option", None)  # the serializer's options
+_enc: Any = U.msgpack_enc  # the serializer's encoder (module globals: tests swap them)
+_option: int | None = U.msgpack_option  # and its options
 
 
 def _refuse(obj: Any) -> Any:
@@ -126,14 +127,14 @@ def _plain_model(cls: type) -> bool:
     if known is None:
         known = False
         if issubclass(cls, BaseModel):
-            decorators = getattr(cls, "__pydantic_decorators__", None)
+            decorators = U.decorators(cls)
             known = (
                 decorators is not None
                 and cls.model_dump is BaseModel.model_dump
-                and not getattr(cls, "__pydantic_computed_fields__", None)
+                and not U.computed_fields(cls)
                 and not decorators.model_serializers
                 and not decorators.field_serializers
-                and _schema_plain(getattr(cls, "__pydantic_core_schema__", None))
+                and _schema_plain(U.core_schema(cls))
             )
         if len(_PLAIN) >= _PLAIN_MAX:
             _PLAIN.clear()
@@ -219,7 +220,7 @@ class Elements(SizedLRU[Hashable, _Held]):
     def lists(self) -> OrderedDict[Hashable, _Held]:
         return self.items
 
-    def cost(self, value: _Held) -> int:
+    def cost(self, key: Hashable, value: _Held) -> int:
         return value.size
 
     def dumps(self, key: Hashable, value: list[Any]) -> bytes | None:

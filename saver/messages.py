@@ -28,6 +28,8 @@ serializer's own hook, with its allowlist). It is the same result because:
   the same bytes, which then does what it always does (its
   ``model_construct`` fallback included).
 
+The private names this relies on come from ``_upstream`` (``tests/test_upstream.py``
+fails when a release changes them so that messages would take the stock hook).
 ``tests/test_messages.py`` compares both hooks' objects (their ``__dict__``,
 fields set, extras and private attributes) over many message shapes, so a
 LangChain release that changes one of these ``__init__`` methods fails there.
@@ -42,18 +44,14 @@ from typing import Any
 import ormsgpack
 from langgraph.checkpoint.serde.jsonplus import EXT_PYDANTIC_V2
 
+from . import _upstream as U
 from ._msgpack import header, str_at
 
 __all__ = ["fast_hook"]
 
 Hook = Callable[[int, bytes], Any]
 
-try:  # langgraph-checkpoint 4.0.1+ (4.0.0 has no allowlist: no loader uses this there)
-    from langgraph.checkpoint.serde._msgpack import SAFE_MSGPACK_TYPES
-except ImportError:  # pragma: no cover - depends on the installed release
-    SAFE_MSGPACK_TYPES = frozenset()
-
-_SAFE = frozenset(k for k in SAFE_MSGPACK_TYPES if k[0].startswith("langchain_core.messages."))
+_SAFE = frozenset(k for k in U.SAFE_MSGPACK_TYPES if k[0].startswith("langchain_core.messages."))
 
 
 def _forwarding() -> frozenset[Any]:
@@ -74,6 +72,9 @@ def _forwarding() -> frozenset[Any]:
 
 _FORWARDING: frozenset[Any] | None = None
 _classes: dict[tuple[str, str], Any] = {}  # (module, name) -> class, or None: stock
+# The names come from stored records (any pydantic class): emptied when full,
+# as the other memos of names are (``elements._PLAIN``, ``keyspace._memo``).
+_CLASSES_MAX = 1024
 
 
 def _fast_class(module: str, name: str) -> Any:
@@ -82,6 +83,8 @@ def _fast_class(module: str, name: str) -> Any:
     key = (module, name)
     if key in _classes:
         return _classes[key]
+    if len(_classes) >= _CLASSES_MAX:
+        _classes.clear()  # the same dict: fast_hook's reference stays valid
     if key not in _SAFE:
         _classes[key] = None
         return None
@@ -92,7 +95,7 @@ def _fast_class(module: str, name: str) -> Any:
         _FORWARDING = _forwarding()
     cls = None
     c = getattr(mod, name, None)
-    if isinstance(c, type) and hasattr(c, "__pydantic_validator__"):
+    if isinstance(c, type) and U.validator(c) is not None:
         inits = [vars(k)["__init__"] for k in c.__mro__[:-1] if "__init__" in vars(k)]
         if all(f in _FORWARDING for f in inits) and "__new__" not in vars(c):
             cls = c
