@@ -1248,6 +1248,12 @@ class LMDBStore:
     def max_key_size(self) -> int:
         return self._env.max_key
 
+    @property
+    def directory(self) -> str:
+        """The directory that holds this store's files and nothing else's:
+        a caller may keep files of its own there (see ``kv.store``)."""
+        return self.path
+
     def read(self) -> _ReadContext:
         return _ReadContext(self)
 
