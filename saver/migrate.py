@@ -1041,7 +1041,7 @@ def _write_groups(
         # The records hold task_path and idx; get_tuple's list holds the
         # decoded values, in the same (writes_sort_key) order.
         with source.store.read() as txn:
-            recs = source._load_writes(txn, thread, ns, cid)
+            recs = source._reads.load_writes(txn, thread, ns, cid)
         if [(w.task_id, w.channel) for w in recs] == [(t, c) for t, c, _ in pending]:
             values = [v for _, _, v in pending]
         else:  # written to in between: decode the records themselves
