@@ -21,8 +21,8 @@ from kvsaver import KVSaver
 from kvsaver import heads as H
 from kvsaver import schema as S
 from kvsaver import threads as TH
-from kvsaver.whole.idle import IdleWork
 from kvsaver.kv.keys import unpack
+from kvsaver.whole.idle import IdleWork
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from saver_helpers import config, damage_zstd_blob, make_checkpoint, open_kv, tuple_dict
