@@ -91,7 +91,6 @@ from typing import Any, Literal, TypeVar
 import lmdb
 
 from ._fs import fsync_dir
-from .hints import HINTS_FILE, Hints
 from .store import (
     CorruptStoreError,
     KeyTooLongError,
@@ -115,6 +114,8 @@ _DURABILITY: dict[str, dict[str, bool]] = {
 _DEFAULT_MAP_SIZE = 64 << 20
 _PAGE = 4096
 LOCK_FILE = "kvsaver.lock"  # shared flock while open, exclusive while compacting
+# how the files beside LMDB's are named: the lock above, a caller's (``directory``)
+CALLER_FILES = "kvsaver."
 _COMPACTION_WAIT_SECONDS = 60.0
 
 
@@ -1227,9 +1228,6 @@ class LMDBStore:
             env.refs += 1
         self._env = env
         self._finalizer = weakref.finalize(self, _release, key, env)
-        # Advice between the processes of this store (kv/hints.py): which
-        # threads' readers want their heads written by the puts.
-        self.hints = Hints(self.path)
 
     def _check_open(self) -> _Env:
         if self._closed:
@@ -1251,7 +1249,8 @@ class LMDBStore:
     @property
     def directory(self) -> str:
         """The directory that holds this store's files and nothing else's:
-        a caller may keep files of its own there (see ``kv.store``)."""
+        a caller may keep files of its own there, named ``CALLER_FILES``*
+        (see ``kv.store``)."""
         return self.path
 
     def read(self) -> _ReadContext:
@@ -1528,7 +1527,7 @@ class LMDBStore:
 
     def disk_usage(self) -> int:
         """Bytes of the files in the store's directory (data, LMDB's lock
-        file, ``kvsaver.lock`` and ``kvsaver.hints``)."""
+        file, ``kvsaver.lock`` and those a caller keeps there)."""
         self._check_open()
         total = 0
         for entry in os.scandir(self.path):
@@ -1540,7 +1539,6 @@ class LMDBStore:
         if self._closed:
             return
         self._closed = True
-        self.hints.close()
         self._finalizer()
 
     def __enter__(self) -> LMDBStore:
@@ -1755,7 +1753,8 @@ def _check_dir(path: str, readonly: bool) -> None:
     if os.path.isdir(path):
         # Lock files alone are a store being created by another process this
         # moment (LMDB makes lock.mdb, then data.mdb), or an open that failed.
-        entries = set(os.listdir(path)) - {LOCK_FILE, HINTS_FILE, "lock.mdb"}
+        # (and the files named CALLER_FILES*, ours and a caller's).
+        entries = {e for e in os.listdir(path) if not e.startswith(CALLER_FILES)} - {"lock.mdb"}
         if entries and "data.mdb" not in entries:
             raise CorruptStoreError(
                 f"{path} is a non-empty directory without data.mdb: not an LMDB store "
