@@ -32,8 +32,7 @@ from collections.abc import (
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Literal, TypeVar
 
-from kvsaver.kv import CorruptStoreError, FormatVersionError, Store, Txn
-from kvsaver.kv.keys import unpack
+from kvsaver.kv import Store, Txn
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -42,7 +41,6 @@ from langgraph.checkpoint.base import (
     Checkpoint,
     CheckpointMetadata,
     CheckpointTuple,
-    PendingWrite,
     SerializerProtocol,
     get_checkpoint_metadata,
 )
@@ -270,39 +268,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     def _check_schema(self) -> None:
         """Write the schema record of a new store; refuse a foreign store or a
         newer format; upgrade an older format (writable) or note it (read-only)."""
-        with self.store.read() as txn:
-            raw = txn.get(S.SCHEMA_KEY)
-            empty = raw is None and next(iter(txn.scan(None, None, limit=1)), None) is None
-        if raw is None:
-            if not empty:
-                raise CorruptStoreError(
-                    f"{self.store!r} holds data but no kvsaver schema record: "
-                    "it is not a KVSaver store"
-                )
-            if not self.store.readonly:
-                with self.store.write() as txn:
-                    if txn.get(S.SCHEMA_KEY) is None:
-                        txn.put(S.SCHEMA_KEY, S.encode_schema())
-            return
-        version = S.decode_schema(raw)
-        if version > S.FORMAT_VERSION:
-            raise FormatVersionError(
-                f"this store was written by kvsaver format {version}; this version of "
-                f"kvsaver reads format {S.FORMAT_VERSION} and older. Upgrade kvsaver."
-            )
-        if version < S.FORMAT_VERSION:
-            if self.store.readonly:
-                # Read as it is (saver/upgrade.py); another process may
-                # upgrade it meanwhile, which reads the same.
-                self._reads.legacy_writes = version < 2  # format 1 write keys
-                return
-            with self.store.write() as txn:  # one transaction: all of it or none
-                raw = txn.get(S.SCHEMA_KEY)
-                record = S.decode_schema_record(raw) if raw is not None else {}
-                version = int(record.get("format", S.FORMAT_VERSION))
-                if version < S.FORMAT_VERSION:
-                    done = list(record.get("upgrades") or []) + U.upgrade(txn, version)
-                    txn.put(S.SCHEMA_KEY, S.encode_schema(done))
+        if U.check_schema(self.store):  # a format-1 store opened read-only
+            self._reads.legacy_writes = True
 
     def close(self) -> None:
         """Close the underlying store if this saver opened it, after the async
@@ -540,23 +507,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         then the blobs no remaining checkpoint of those threads uses."""
         ids = id_list(run_ids, "delete_for_runs(run_ids)")
 
-        def delete(txn: Txn) -> None:  # may be rerun (transact): state lives in here
-            touched: set[tuple[str, str]] = set()
-            for run_id in ids:
-                for key, _ in list(txn.scan(*S.runs_range(run_id))):
-                    _, _, kt, kns, kcid = unpack(key)
-                    raw = txn.get(S.checkpoint_key_from_elements(kt, kns, kcid))
-                    txn.delete(key)
-                    if raw is None:
-                        continue
-                    rec = S.decode_checkpoint(raw)
-                    TH.delete_checkpoint(txn, rec)
-                    touched.add((rec.thread_id, rec.checkpoint_ns))
-            for thread, ns in sorted(touched):
-                TH.gc_blobs(txn, self.serde, thread, ns)
-                TH.drop_stale_head(txn, thread, ns)
-
-        self._maintain(delete)
+        # may be rerun (transact): its state lives in the call
+        self._maintain(lambda txn: TH.delete_for_runs(txn, self.serde, ids))
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, blob and write (the complete parent chain) of
@@ -567,32 +519,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         if src == dst:
             return
 
-        def copy(txn: Txn) -> None:
-            txn.delete_range(*S.heads_range(dst))  # its latest may change
-            for kind in (S.BLOB, S.WRITE):
-                sp, dp = S.thread_prefix(kind, src), S.thread_prefix(kind, dst)
-                lo, hi = (S.blobs_range if kind == S.BLOB else S.writes_range)(src)
-                moved = [(S.rethread(k, len(sp), dp), v) for k, v in list(txn.scan(lo, hi))]
-                if kind == S.BLOB:  # what the source uses, and no delta chain broken
-                    used = {S.rethread(k, len(sp), dp) for k in TH.used_blobs(txn, self.serde, src)}
-                    moved = self._codec.plan_copy(txn, moved, used, *S.blobs_range(dst))
-                for key, value in moved:
-                    txn.put(key, value)
-            for _, raw in list(txn.scan(*S.checkpoints_range(src))):
-                rec = S.decode_checkpoint(raw)._replace(thread_id=dst)
-                ns, cid = rec.checkpoint_ns, rec.checkpoint_id
-                ckey = S.checkpoint_key(dst, ns, cid)
-                old = txn.get(ckey)
-                if old is not None:  # overwritten: drop its index entries, as put does,
-                    # or delete_for_runs(old run) would delete the copy
-                    for key in S.index_keys(S.decode_checkpoint(old)):
-                        txn.delete(key)
-                txn.put(ckey, S.encode_checkpoint(rec))
-                for key in S.index_keys(rec):
-                    txn.put(key, b"")
-            TH.touch(txn, dst, R.now_ms(self.clock))
-
-        self._maintain(copy)
+        now = functools.partial(R.now_ms, self.clock)
+        self._maintain(lambda txn: TH.copy_thread(txn, self.serde, self._codec, src, dst, now))
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Prune threads: ``"keep_latest"`` keeps the latest checkpoint of each
@@ -687,38 +615,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         if not channels:
             return {}
         thread, ns, conf = thread_ns(config, "get_delta_channel_history")
-        loads = self.serde.loads_typed
-        collected: dict[str, list[PendingWrite]] = {c: [] for c in channels}
-        seeds: dict[str, Any] = {}
-        remaining = set(channels)
         with self.store.read() as txn:
-            raw = TH.find_record(txn, thread, ns, conf.get("checkpoint_id"))
-            cursor = S.decode_checkpoint(raw).parent_id if raw is not None else None
-            while cursor is not None and remaining:
-                raw = txn.get(S.checkpoint_key(thread, ns, cursor))
-                if raw is None:
-                    break
-                rec = S.decode_checkpoint(raw)
-                cp = loads(rec.checkpoint)
-                found: dict[str, Any] = {}
-                for ch in remaining:
-                    typed = TH.stored_value(txn, thread, ns, cp, ch, self.serde)
-                    if typed is not None:
-                        found[ch] = loads(typed)
-                for w in reversed(self._reads.load_writes(txn, thread, ns, cursor)):
-                    if w.channel in remaining:
-                        collected[w.channel].append((w.task_id, w.channel, loads(w.value)))
-                for ch, value in found.items():
-                    seeds[ch] = value
-                    remaining.discard(ch)
-                cursor = rec.parent_id
-        result: dict[str, DeltaChannelHistory] = {}
-        for ch in channels:
-            entry: DeltaChannelHistory = {"writes": list(reversed(collected[ch]))}
-            if ch in seeds:
-                entry["seed"] = seeds[ch]
-            result[ch] = entry
-        return result
+            return self._reads.delta_history(txn, thread, ns, conf.get("checkpoint_id"), channels)
 
     def get_next_version(self, current: str | int | None, channel: None) -> str:
         """Zero-padded string versions (as InMemorySaver's), which sort as text."""

@@ -8,7 +8,7 @@ the reads a tuple needs are queued together, so that they share a round trip.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvsaver.kv import Txn
@@ -24,8 +24,9 @@ from langgraph.checkpoint.base import (
 from . import compression as C
 from . import delta as D
 from . import schema as S
+from . import threads as TH
 from . import upgrade as U
-from ._compat import writes_sort_key
+from ._compat import DeltaChannelHistory, writes_sort_key
 from .ids import config_of
 
 __all__ = ["Reads"]
@@ -233,3 +234,42 @@ class Reads:
                     memo.popitem(last=False)
             except KeyError:
                 pass
+
+    def delta_history(
+        self, txn: Txn, thread: str, ns: str, checkpoint_id: Any, channels: Sequence[str]
+    ) -> dict[str, DeltaChannelHistory]:
+        """``get_delta_channel_history``: the parent chain of the target
+        checkpoint walked in ``txn``, each channel's writes (oldest first)
+        collected back to the nearest ancestor with a stored value (its
+        ``seed``)."""
+        loads = self.serde.loads_typed
+        collected: dict[str, list[PendingWrite]] = {c: [] for c in channels}
+        seeds: dict[str, Any] = {}
+        remaining = set(channels)
+        raw = TH.find_record(txn, thread, ns, checkpoint_id)
+        cursor = S.decode_checkpoint(raw).parent_id if raw is not None else None
+        while cursor is not None and remaining:
+            raw = txn.get(S.checkpoint_key(thread, ns, cursor))
+            if raw is None:
+                break
+            rec = S.decode_checkpoint(raw)
+            cp = loads(rec.checkpoint)
+            found: dict[str, Any] = {}
+            for ch in remaining:
+                typed = TH.stored_value(txn, thread, ns, cp, ch, self.serde)
+                if typed is not None:
+                    found[ch] = loads(typed)
+            for w in reversed(self.load_writes(txn, thread, ns, cursor)):
+                if w.channel in remaining:
+                    collected[w.channel].append((w.task_id, w.channel, loads(w.value)))
+            for ch, value in found.items():
+                seeds[ch] = value
+                remaining.discard(ch)
+            cursor = rec.parent_id
+        result: dict[str, DeltaChannelHistory] = {}
+        for ch in channels:
+            entry: DeltaChannelHistory = {"writes": list(reversed(collected[ch]))}
+            if ch in seeds:
+                entry["seed"] = seeds[ch]
+            result[ch] = entry
+        return result

@@ -10,9 +10,10 @@ module imports them: no cycle).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from kvsaver.kv.keys import unpack
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from . import delta as D
@@ -196,3 +197,58 @@ def forget(txn: Any, thread: str) -> None:
     if raw is not None:
         txn.delete(S.idle_key(S.decode_activity(raw)[0], thread))
         txn.delete(akey)
+
+
+def delete_for_runs(txn: Any, serde: SerializerProtocol, ids: list[str]) -> None:
+    """Delete the checkpoints (and their writes) created by the runs ``ids``,
+    then the blobs no remaining checkpoint of those threads uses."""
+    touched: set[tuple[str, str]] = set()
+    for run_id in ids:
+        for key, _ in list(txn.scan(*S.runs_range(run_id))):
+            _, _, kt, kns, kcid = unpack(key)
+            raw = txn.get(S.checkpoint_key_from_elements(kt, kns, kcid))
+            txn.delete(key)
+            if raw is None:
+                continue
+            rec = S.decode_checkpoint(raw)
+            delete_checkpoint(txn, rec)
+            touched.add((rec.thread_id, rec.checkpoint_ns))
+    for thread, ns in sorted(touched):
+        gc_blobs(txn, serde, thread, ns)
+        drop_stale_head(txn, thread, ns)
+
+
+def copy_thread(
+    txn: Any,
+    serde: SerializerProtocol,
+    codec: D.Codec,
+    src: str,
+    dst: str,
+    now: Callable[[], int],
+) -> None:
+    """Copy every checkpoint, blob and write of thread ``src`` to ``dst``
+    (records already there with the same ids overwritten); ``dst``'s
+    activity stamped at ``now()`` (ms)."""
+    txn.delete_range(*S.heads_range(dst))  # its latest may change
+    for kind in (S.BLOB, S.WRITE):
+        sp, dp = S.thread_prefix(kind, src), S.thread_prefix(kind, dst)
+        lo, hi = (S.blobs_range if kind == S.BLOB else S.writes_range)(src)
+        moved = [(S.rethread(k, len(sp), dp), v) for k, v in list(txn.scan(lo, hi))]
+        if kind == S.BLOB:  # what the source uses, and no delta chain broken
+            used = {S.rethread(k, len(sp), dp) for k in used_blobs(txn, serde, src)}
+            moved = codec.plan_copy(txn, moved, used, *S.blobs_range(dst))
+        for key, value in moved:
+            txn.put(key, value)
+    for _, raw in list(txn.scan(*S.checkpoints_range(src))):
+        rec = S.decode_checkpoint(raw)._replace(thread_id=dst)
+        ns, cid = rec.checkpoint_ns, rec.checkpoint_id
+        ckey = S.checkpoint_key(dst, ns, cid)
+        old = txn.get(ckey)
+        if old is not None:  # overwritten: drop its index entries, as put does,
+            # or delete_for_runs(old run) would delete the copy
+            for key in S.index_keys(S.decode_checkpoint(old)):
+                txn.delete(key)
+        txn.put(ckey, S.encode_checkpoint(rec))
+        for key in S.index_keys(rec):
+            txn.put(key, b"")
+    touch(txn, dst, now())

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kvsaver.kv import CorruptStoreError, FormatVersionError, Store
 from kvsaver.kv.keys import pack, unpack
 
 from . import schema as S
@@ -128,3 +129,42 @@ def first_per_identity(recs: list[S.WriteRecord]) -> list[S.WriteRecord]:
             seen.add((w.task_id, w.idx))
             out.append(w)
     return out
+
+
+def check_schema(store: Store) -> bool:
+    """Write the schema record of a new store; refuse a foreign store or a
+    newer format; upgrade an older format (writable) or read it as it is
+    (read-only). Whether its write keys are format 1's (a read-only store:
+    ``reads.Reads.legacy_writes``)."""
+    with store.read() as txn:
+        raw = txn.get(S.SCHEMA_KEY)
+        empty = raw is None and next(iter(txn.scan(None, None, limit=1)), None) is None
+    if raw is None:
+        if not empty:
+            raise CorruptStoreError(
+                f"{store!r} holds data but no kvsaver schema record: it is not a KVSaver store"
+            )
+        if not store.readonly:
+            with store.write() as txn:
+                if txn.get(S.SCHEMA_KEY) is None:
+                    txn.put(S.SCHEMA_KEY, S.encode_schema())
+        return False
+    version = S.decode_schema(raw)
+    if version > S.FORMAT_VERSION:
+        raise FormatVersionError(
+            f"this store was written by kvsaver format {version}; this version of "
+            f"kvsaver reads format {S.FORMAT_VERSION} and older. Upgrade kvsaver."
+        )
+    if version < S.FORMAT_VERSION:
+        if store.readonly:
+            # Read as it is (this module); another process may
+            # upgrade it meanwhile, which reads the same.
+            return version < 2  # format 1 write keys
+        with store.write() as txn:  # one transaction: all of it or none
+            raw = txn.get(S.SCHEMA_KEY)
+            record = S.decode_schema_record(raw) if raw is not None else {}
+            version = int(record.get("format", S.FORMAT_VERSION))
+            if version < S.FORMAT_VERSION:
+                done = list(record.get("upgrades") or []) + upgrade(txn, version)
+                txn.put(S.SCHEMA_KEY, S.encode_schema(done))
+    return False
