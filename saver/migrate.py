@@ -92,6 +92,7 @@ from . import delta as D
 from . import schema as S
 from .compression import CompressingSerializer
 from .kvsaver import KVSaver, OptionError
+from .records import write_checkpoint
 
 if TYPE_CHECKING:
     from langgraph.checkpoint.sqlite import SqliteSaver
@@ -745,7 +746,7 @@ def _copy_sqlite(
     # compressed with the dictionary. Bytes copied as they are
     # are the inner serializer's, except when the source's serializer is the
     # destination's very object: then they are stored bytes already.
-    small = D.codec(serde)
+    small = saver._codec if saver is not None else D.codec(serde)
     stored_form = (source_serde or JsonPlusSerializer()) is serde
     # (channel, version) pairs of the current (thread, ns) already handled:
     # most of a checkpoint's channels are unchanged since its parent.
@@ -790,7 +791,7 @@ def _copy_sqlite(
                             split,
                             dumps,
                             where,
-                            D.codec(serde),
+                            small,
                         )
                 # A task's writes as put_writes stores them (schema.write_records),
                 # less those already there (a re-run, or --merge): found by gets,
@@ -936,12 +937,12 @@ def _put_checkpoint(
     ],
     dumps: Callable[[Any], tuple[str, bytes]],
     where: str,
-    codec: D.Codec | None = None,
+    codec: D.Codec,
 ) -> None:
-    """One checkpoint as ``KVSaver.put`` stores it: a blob per (channel, version)
-    not stored yet (through ``codec``: a list that extends its parent's is a
-    delta), the record with its small values as channel_values, and every
-    index key (``schema.index_keys``)."""
+    """One checkpoint as ``KVSaver.put`` stores it (``records.write_checkpoint``):
+    a blob per (channel, version) not stored yet (through ``codec``: a list
+    that extends its parent's is a delta), the record with its small values
+    as channel_values, and every index key (``schema.index_keys``)."""
     thread, ns, cid = ids
     txn = put.txn
     try:
@@ -959,6 +960,7 @@ def _put_checkpoint(
             "KVSaver cannot store a value without a version"
         )
     try:
+        to_write: dict[str, Any] = {}
         for channel, version in versions.items():
             if channel in small:
                 continue  # in the record
@@ -966,44 +968,32 @@ def _put_checkpoint(
             if mark in seen:
                 continue
             seen.add(mark)
-            bkey = S.blob_key(thread, ns, channel, version)
-            if txn.get(bkey) is not None:
-                continue
-            if codec is not None and channel in values:
-                # reuse=False: each value is a fresh object, never seen again
-                one = codec.prepare(
-                    thread, ns, {channel: version}, {channel: values[channel]()}, dumps, reuse=False
-                )
-                codec.write(txn, thread, ns, parent, one, put)
-            elif channel in values:
-                put(bkey, S.encode_blob(dumps(values[channel]())))
-            else:
+            if channel not in values:
                 continue  # no value: no record (put writes none either)
-            put.stats.blobs_written += 1
+            if txn.get(S.blob_key(thread, ns, channel, version)) is None:
+                to_write[channel] = version
+        # reuse=False: each value is a fresh object, never seen again
+        blobs = codec.prepare(
+            thread, ns, to_write, {ch: values[ch]() for ch in to_write}, dumps, reuse=False
+        )
         if not isinstance(metadata, dict):
             raise MigrationError(f"{where}: metadata is not a JSON object: {metadata!r}")
-        if small:
-            checkpoint = {**checkpoint, "channel_values": small}
         record = S.make_checkpoint_record(
-            thread,
-            ns,
-            cid,
-            parent,
-            codec.dumps_small(checkpoint) if codec is not None else dumps(checkpoint),
-            metadata,
-            dumps,
-        )
-    except MigrationError:
+            thread, ns, cid, parent, codec.dumps_checkpoint(checkpoint, small, False)[0],
+            metadata, dumps,
+        )  # fmt: skip
+        # As put writes them (no activity: a migrated thread was not active).
+        ckey = S.checkpoint_key(thread, ns, cid)
+        encoded, index = S.encode_checkpoint(record), S.index_keys(record)
+        write_checkpoint(txn, codec, record, ckey, encoded, index, blobs, {}, put)
+    except (MigrationError, KVError):
         raise
     except Exception as e:
         raise MigrationError(
             f"{where}: cannot decode a value or encode it for the destination: {e!r}"
         ) from e
-    put(S.checkpoint_key(thread, ns, cid), S.encode_checkpoint(record))
-    for key in S.index_keys(record):
-        put(key, b"")
-    if codec is not None:
-        codec.remember(thread, ns, cid, versions)
+    put.stats.blobs_written += len(blobs)
+    codec.remember(thread, ns, cid, versions)
 
 
 # -- copy_all: any saver to any saver -------------------------------------------------
