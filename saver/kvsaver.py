@@ -81,7 +81,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     ``KVSaver(":memory:")`` keeps everything in memory; ``KVSaver(path,
     backend="file")`` uses a single-file ``FileStore``;
     ``KVSaver("postgresql://...")`` a table on a PostgreSQL server shared by
-    many machines (``kv.PostgresStore``; options: ``_POSTGRES_OPTIONS``); any
+    many machines (``kv.PostgresStore``; options: ``backends._POSTGRES_OPTIONS``); any
     ``kv.Store`` can be passed in directly.
 
     Args:
@@ -143,9 +143,9 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             ``CompressingSerializer`` (set its ``cache_bytes`` to a quarter).
             A PostgreSQL store keeps up to 8 MiB of committed values besides.
         **store_options: options of the backend's store, checked against
-            what that backend takes (``_BACKENDS``): for LMDB ``map_size``
+            what that backend takes (``backends.BACKENDS``): for LMDB ``map_size``
             and ``max_readers`` (``kv.LMDBStore``), for a PostgreSQL URL
-            those of ``_POSTGRES_OPTIONS``. A misspelled option, or
+            those of ``backends._POSTGRES_OPTIONS``. A misspelled option, or
             one the backend does not take (``durability=`` with
             ``":memory:"``), raises ``TypeError`` naming it and the valid ones.
     """
