@@ -96,6 +96,7 @@ from .store import (
     KeyTooLongError,
     KVError,
     ReadOnlyError,
+    Store,
     StoreBusyError,
     StoreClosedError,
     StoreFullError,
@@ -1162,7 +1163,7 @@ def _delete_range(
     return n
 
 
-class LMDBStore:
+class LMDBStore(Store):
     """An ordered ``Store`` in an LMDB environment at directory ``path``.
 
     Args:
@@ -1178,6 +1179,7 @@ class LMDBStore:
     """
 
     nonblocking_reads = True  # reads are memory-map reads (see kv.store)
+    path: str  # the directory
 
     def __init__(
         self,
@@ -1196,6 +1198,9 @@ class LMDBStore:
         if max_size is not None and max_size < _PAGE * 8:
             raise ValueError(f"max_size={max_size} is too small (minimum {_PAGE * 8} bytes)")
         self.path = os.path.abspath(os.fspath(path))
+        # The directory of its files alone: a caller may keep files of its
+        # own there, named CALLER_FILES* (see kv.store).
+        self.directory = self.path
         self.readonly = readonly
         self.durability = durability
         self.max_size = max_size  # the cap on the data file, None for none
@@ -1245,13 +1250,6 @@ class LMDBStore:
     @property
     def max_key_size(self) -> int:
         return self._env.max_key
-
-    @property
-    def directory(self) -> str:
-        """The directory that holds this store's files and nothing else's:
-        a caller may keep files of its own there, named ``CALLER_FILES``*
-        (see ``kv.store``)."""
-        return self.path
 
     def read(self) -> _ReadContext:
         return _ReadContext(self)
