@@ -110,6 +110,7 @@ from .store import (
     KVError,
     MissingDependencyError,
     ReadOnlyError,
+    Store,
     StoreClosedError,
     StoreFullError,
 )
@@ -1395,7 +1396,7 @@ class _WriteContext:
             self._store._leave_writer()
 
 
-class PostgresStore:
+class PostgresStore(Store):
     """An ordered ``Store`` in one PostgreSQL table, shared by every process
     and machine that opens it. ``pipelines_reads``: a scan's first chunk is
     queued until the next round trip; ``write_conflicts``: a write transaction
