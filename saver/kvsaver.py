@@ -205,7 +205,6 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         self.clock: Callable[[], float] = time.time if clock is None else clock
         self._sweeper = R.Sweeper()
         self._owns_store = not isinstance(path_or_store, Store)
-        self._pool = Pool(async_threads)
         if isinstance(path_or_store, Store):
             self.store = path_or_store
         else:
@@ -213,10 +212,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             self.store = B.open_store(self._backend, path_or_store, readonly, given)
         # Reads that never wait on a disk sync, a lock or a writer (a memory-
         # mapped LMDB file, memory): aget_tuple runs them on the event loop.
-        self._inline_reads = bool(getattr(self.store, "nonblocking_reads", False))
+        self._inline_reads = self.store.nonblocking_reads
         # A network store that sends queued reads in one round trip: a read
-        # queues what it will need next before it needs it.
-        self._pipelined = pipelined = bool(getattr(self.store, "pipelines_reads", False))
+        # queues what it will need next before it needs it. Its async calls
+        # take the loop's default executor: each holds a pooled connection.
+        pipelined = self.store.pipelines_reads
+        self._pool = Pool(None if pipelined else async_threads)
         self._reads = Reads(self.serde, self._codec, pipelined)
         self._heads = Heads(self.store, self._codec, self._reads.fast, whole_latest, pipelined)
         # the small values of this saver's last put per (thread, ns): the next put's parent
@@ -260,7 +261,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
     def __repr__(self) -> str:
         if not self._owns_store:
             return f"KVSaver({self.store!r})"
-        path = getattr(self.store, "path", ":memory:")
+        path = self.store.path if self.store.path is not None else ":memory:"
         return f"KVSaver({path!r}, backend={self._backend!r}, readonly={self.store.readonly})"
 
     # -- lifecycle ------------------------------------------------------------
@@ -419,7 +420,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         codec.remember(thread, ns, checkpoint_id, cp.get("channel_versions"))
         self._small.put(thread, ns, checkpoint_id, SV.held(versions, small))
         heads.after_put(thread, ns)
-        if self._pipelined:
+        if self._reads.pipelined:
             self._reads.remember_put(thread, ns, checkpoint_id, versions, small)
         self._sweeper.maybe_step(self)  # retention: a bounded step when one is due
         return config_of(thread, ns, checkpoint_id)
@@ -553,7 +554,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         elsewhere one ``write()`` (on LMDB, transact's nested transaction would
         need free pages that a full store, which a delete is there to
         relieve, lacks). Retention sweeps and the migration use it too."""
-        if getattr(self.store, "write_conflicts", False):
+        if self.store.write_conflicts:
             return self.store.transact(fn)
         with self.store.write() as txn:
             return fn(txn)
@@ -639,8 +640,6 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         executor: each of its calls holds a pooled connection."""
         loop = asyncio.get_running_loop()
         call = functools.partial(fn, *args, **kwargs)
-        if self._pipelined:
-            return await loop.run_in_executor(None, call)
         return await loop.run_in_executor(self._pool.executor(), call)
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kvsaver.kv import CorruptStoreError, FormatVersionError, Store
+from kvsaver.kv import CorruptStoreError, FormatVersionError, Store, Txn
 from kvsaver.kv.keys import pack, unpack
 
 from . import schema as S
@@ -35,7 +35,7 @@ _CHUNK = 4096  # keys per scan while rewriting: the scan never holds a whole key
 LEGACY_WRITE_KEY_LEN = 7  # format 1: ("w", thread, ns, checkpoint_id, task_path, task_id, idx)
 
 
-def _writes_by_task_id(txn: Any) -> dict[str, int]:
+def _writes_by_task_id(txn: Txn) -> dict[str, int]:
     """Format 1 -> 2: every write key without its task_path element."""
     moved = dropped = 0
     start, stop = S.keyspace_range(S.WRITE)
@@ -65,7 +65,7 @@ def _writes_by_task_id(txn: Any) -> dict[str, int]:
     return {"writes": moved, "writes_dropped": dropped}
 
 
-def _deltas_allowed(txn: Any) -> dict[str, int]:
+def _deltas_allowed(txn: Txn) -> dict[str, int]:
     """Format 2 -> 3: blobs may now be delta records
     (``saver/delta.py``). Nothing to rewrite: whole values read as they are;
     the new number makes an older kvsaver refuse the store rather than fail
@@ -73,7 +73,7 @@ def _deltas_allowed(txn: Any) -> dict[str, int]:
     return {}
 
 
-def _small_dictionary_allowed(txn: Any) -> dict[str, int]:
+def _small_dictionary_allowed(txn: Txn) -> dict[str, int]:
     """Format 3 -> 4: checkpoints, pending writes and small values may now
     be zstd-compressed with ``compression.SMALL_DICT`` (type ``"....zd1"``),
     and a channel version without a value has no record (format 3 gives it
@@ -83,7 +83,7 @@ def _small_dictionary_allowed(txn: Any) -> dict[str, int]:
     return {}
 
 
-def _write_batches_allowed(txn: Any) -> dict[str, int]:
+def _write_batches_allowed(txn: Txn) -> dict[str, int]:
     """Format 4 -> 5: the regular writes of one ``put_writes`` may now be one
     record (``schema.write_records``). Nothing to rewrite: a record of one
     write reads as it is; the number makes an older kvsaver refuse the
@@ -91,7 +91,7 @@ def _write_batches_allowed(txn: Any) -> dict[str, int]:
     return {}
 
 
-def _small_values_inline(txn: Any) -> dict[str, int]:
+def _small_values_inline(txn: Txn) -> dict[str, int]:
     """Format 5 -> 6: a checkpoint record may now hold its small values
     (``schema.is_small``) instead of blobs. Nothing to rewrite: a record
     without them reads every value from its blobs; the number makes an older
@@ -108,7 +108,7 @@ UPGRADES: dict[int, Callable[[Any], dict[str, int]]] = {
 }
 
 
-def upgrade(txn: Any, version: int) -> list[dict[str, Any]]:
+def upgrade(txn: Txn, version: int) -> list[dict[str, Any]]:
     """Upgrade a store of format ``version`` to ``schema.FORMAT_VERSION``
     inside ``txn``; one record per step: {"from", "to", counts...}."""
     done = []

@@ -15,7 +15,7 @@ from contextlib import nullcontext
 from typing import Any
 
 import ormsgpack
-from kvsaver.kv import KVError
+from kvsaver.kv import KVError, Txn
 from kvsaver.kv.keys import prefix_range
 from kvsaver.kv.postgres import is_postgres_url
 from langgraph.checkpoint.base import SerializerProtocol
@@ -42,8 +42,18 @@ from .verify import verify as _verify
 # -- destination helpers ----------------------------------------------------------
 
 
-class _NoDest:
-    """Stands in for the destination's transaction in a dry run without one."""
+class _NoDest(Txn):
+    """Stands in for the destination's transaction in a dry run without one,
+    which only reads."""
+
+    def put(self, key: bytes, value: bytes) -> None:
+        raise AssertionError("a dry run writes nothing")
+
+    def delete(self, key: bytes) -> bool:
+        raise AssertionError("a dry run writes nothing")
+
+    def delete_range(self, start: bytes | None, stop: bytes | None) -> int:
+        raise AssertionError("a dry run writes nothing")
 
     def get(self, key: bytes) -> bytes | None:
         return None
@@ -51,7 +61,14 @@ class _NoDest:
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         return [None] * len(keys)
 
-    def scan(self, start: bytes, stop: bytes) -> Iterator[tuple[bytes, bytes]]:
+    def scan(
+        self,
+        start: bytes | None = None,
+        stop: bytes | None = None,
+        *,
+        reverse: bool = False,
+        limit: int | None = None,
+    ) -> Iterator[tuple[bytes, bytes]]:
         return iter(())
 
 
@@ -309,7 +326,7 @@ def _copy_sqlite(
         # rerun counts nothing twice.
         before = (_counts(stats), set(seen), current)
 
-        def batch(txn: Any, rows: Any = rows, before: Any = before) -> None:
+        def batch(txn: Txn, rows: Any = rows, before: Any = before) -> None:
             nonlocal current
             _restore(stats, before[0])
             seen.clear()
@@ -463,7 +480,7 @@ def _restore(stats: MigrationStats, counts: tuple[int, ...]) -> None:
 class _Putter:
     """``txn.put`` that counts what it writes."""
 
-    def __init__(self, txn: Any, stats: MigrationStats) -> None:
+    def __init__(self, txn: Txn, stats: MigrationStats) -> None:
         self.txn, self.stats = txn, stats
 
     def __call__(self, key: bytes, value: bytes) -> None:

@@ -94,9 +94,8 @@ class Heads:
         if whole_latest == "idle" and not pipelined:
             # The heads other processes' readers want: a table beside the
             # store's files (a store in a directory of its own only).
-            directory = getattr(store, "directory", None)
-            if directory is not None:
-                self.hints = Hints(directory)
+            if store.directory is not None:
+                self.hints = Hints(store.directory)
 
     def _set_codec(self, codec: D.Codec, fast: C.ValueReaders | None) -> None:
         self.codec = codec

@@ -111,15 +111,14 @@ def near_cap(store: Store) -> bool:
     """Whether ``store`` is within a quarter of its ``max_size`` (LMDB's
     cap), whose room is for checkpoints, not heads; True when it cannot
     tell (a head is only a copy: none is better than a failed put)."""
-    cap = getattr(store, "max_size", None)
+    cap = store.max_size
     if cap is None:
         return False
-    cheap = getattr(store, "used_bytes", None)  # LMDBStore's: no system call
     try:
-        used = cheap() if cheap is not None else store.info()["used_bytes"]  # type: ignore[attr-defined]
+        used = store.used_bytes()  # LMDBStore's: no system call
     except Exception:
         return True
-    return bool(used > cap - cap // 4)
+    return used is None or used > cap - cap // 4
 
 
 def build_head(
