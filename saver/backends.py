@@ -2,20 +2,24 @@
 names (``":memory:"``, a PostgreSQL URL, ``backend=`` else LMDB), each
 backend's store options checked before anything is opened, and the store.
 A new backend is one entry of ``BACKENDS`` (and its constructor's options).
+And what ``KVSaver.from_conn_string`` and ``setup`` return (``Opening``,
+``Done``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import difflib
 import inspect
 import os
-from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Generator, Mapping
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from typing import Any, Generic, Protocol, TypeVar
 
 from kvsaver.kv import FileStore, LMDBStore, MemoryStore, PostgresStore, Store
 from kvsaver.kv.postgres import is_postgres_url
 
-__all__ = ["BACKENDS", "OptionError", "choose", "open_store"]
+__all__ = ["BACKENDS", "DONE", "Done", "Opening", "OptionError", "choose", "open_store"]
 
 
 class OptionError(TypeError):
@@ -168,3 +172,48 @@ def open_store(
 ) -> Store:
     """The store of backend ``chosen`` (``choose``'s) at ``path``."""
     return BACKENDS[chosen].open(path, readonly, options)
+
+
+class Done:
+    """What ``setup()`` returns: nothing to wait for, but awaitable."""
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield
+
+
+DONE = Done()
+
+
+class _Closing(Protocol):
+    def close(self) -> None: ...
+
+
+_Saver = TypeVar("_Saver", bound=_Closing)
+
+
+class Opening(AbstractContextManager, AbstractAsyncContextManager, Generic[_Saver]):
+    """What ``KVSaver.from_conn_string`` returns: a saver opened on entering a
+    ``with`` or ``async with`` block and closed on leaving it."""
+
+    def __init__(self, open_saver: Callable[[], _Saver]) -> None:
+        self._open = open_saver
+        self._saver: _Saver | None = None
+
+    def __enter__(self) -> _Saver:
+        self._saver = self._open()
+        return self._saver
+
+    def __exit__(self, *exc: object) -> None:
+        if self._saver is not None:
+            self._saver.close()
+            self._saver = None
+
+    async def __aenter__(self) -> _Saver:
+        self._saver = await asyncio.to_thread(self._open)
+        return self._saver
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._saver is not None:
+            saver, self._saver = self._saver, None
+            await asyncio.to_thread(saver.close)

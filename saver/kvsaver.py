@@ -20,22 +20,13 @@ import functools
 import os
 import random
 import time
-from collections.abc import (
-    AsyncIterator,
-    Callable,
-    Collection,
-    Generator,
-    Iterator,
-    Mapping,
-    Sequence,
-)
+from collections.abc import AsyncIterator, Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import Any, Literal, TypeVar
 
 from kvsaver.kv import Store, Txn
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
-    WRITES_IDX_MAP,
     BaseCheckpointSaver,
     ChannelVersions,
     Checkpoint,
@@ -56,18 +47,16 @@ from . import stats as ST
 from . import threads as TH
 from . import upgrade as U
 from ._compat import HAS_DELTA_CHANNELS, DeltaChannelHistory
-from .backends import OptionError
+from .backends import DONE, Done, Opening, OptionError
 from .ids import as_id, config_of, id_list, thread_ns
 from .pool import Pool
 from .reads import Reads
-from .records import write_checkpoint
-from .whole import IDLE_SECONDS as IDLE_SECONDS  # the head records' timings, as before
-from .whole import MARK_SECONDS as MARK_SECONDS
-from .whole import WANT_AFTER as WANT_AFTER
-from .whole import WANTED_SECONDS as WANTED_SECONDS
-from .whole import Heads
+from .records import task_writes, write_checkpoint
+from .whole import IDLE_SECONDS, MARK_SECONDS, WANT_AFTER, WANTED_SECONDS, Heads  # noqa: F401
 
 __all__ = ["KVSaver", "OptionError"]
+# (IDLE_SECONDS ... WANTED_SECONDS: the head records' timings, ``whole``'s,
+# importable from here as they were before)
 
 T = TypeVar("T")
 # The threads of a saver's async calls on a local store (see _run).
@@ -231,7 +220,9 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             raise
 
     @classmethod
-    def from_conn_string(cls, conn_string: str | os.PathLike[str], **options: Any) -> _Opening:
+    def from_conn_string(
+        cls, conn_string: str | os.PathLike[str], **options: Any
+    ) -> Opening[KVSaver]:
         """Open a KVSaver for a ``with`` or ``async with`` block and close it
         at the end, as ``SqliteSaver.from_conn_string`` and
         ``AsyncSqliteSaver.from_conn_string`` do::
@@ -243,16 +234,16 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         ``":memory:"``, a file with ``backend="file"``); ``options`` are
         KVSaver's keyword options. ``async with`` opens and closes the store
         in a worker thread."""
-        return _Opening(functools.partial(cls, conn_string, **options))
+        return Opening(functools.partial(cls, conn_string, **options))
 
-    def setup(self) -> _Done:
+    def setup(self) -> Done:
         """Nothing to set up: the store is ready when KVSaver opens it (its
         schema record is written then). Here, as in SqliteSaver and
         PostgresSaver, so code that calls it runs unchanged; idempotent.
         Returns an already finished awaitable, so ``await saver.setup()``
         (AsyncSqliteSaver and AsyncPostgresSaver code) works too."""
         self._check_schema()
-        return _DONE
+        return DONE
 
     async def asetup(self) -> None:
         """Async ``setup()``: nothing to set up, idempotent."""
@@ -464,36 +455,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         checkpoint_id = as_id(checkpoint_id, "put_writes: checkpoint_id")
         task_id = as_id(task_id, "put_writes: task_id")
         task_path = as_id(task_path, "put_writes: task_path")
-        # zstd with a dictionary, not kept in the cache of decompressed
-        # values: a write is read only when its checkpoint is resumed.
-        dumps = functools.partial(self._codec.dumps_small, remember=False)
-        serialized = [
-            (WRITES_IDX_MAP.get(channel, idx), channel, dumps(value))
-            for idx, (channel, value) in enumerate(writes)
-        ]
-        replace = all(channel in WRITES_IDX_MAP for channel, _ in writes)
         now = R.now_ms(self.clock)
-        akey = S.activity_key(thread)
-        prefix = S.task_write_prefix(thread, ns, checkpoint_id, task_id)
-        # A batch of special writes replaces: what is stored does not matter.
-        probe = [] if replace else S.write_probe_keys(prefix, [w[0] for w in serialized])
-
-        def write(txn: Txn) -> None:
-            # The reads in one get_many (one round trip on a network store).
-            *found, activity = txn.get_many([*probe, akey])
-            new = serialized
-            if not replace:
-                stored = S.stored_idxs(found)
-                new = []
-                for w in serialized:
-                    if w[0] not in stored:  # a repeated idx in one batch: the first wins
-                        stored.add(w[0])
-                        new.append(w)
-            # A batch of special writes replaces: the last of a repeated idx wins.
-            for key, value in S.write_records(prefix, task_id, task_path, new):
-                txn.put(key, value)
-            TH.touch(txn, thread, now, activity)
-
+        write = task_writes(self._codec, thread, ns, checkpoint_id, task_id, task_path, writes, now)
         self.store.transact(write)
 
     # -- maintenance ------------------------------------------------------------
@@ -731,41 +694,3 @@ if not HAS_DELTA_CHANNELS:
     # langgraph-checkpoint < 4.1 has no DeltaChannel and no saver there has
     # these methods; KVSaver has them exactly where LangGraph can call them.
     del KVSaver.get_delta_channel_history, KVSaver.aget_delta_channel_history
-
-
-class _Done:
-    """What ``setup()`` returns: nothing to wait for, but awaitable."""
-
-    def __await__(self) -> Generator[Any, None, None]:
-        return
-        yield
-
-
-_DONE = _Done()
-
-
-class _Opening(AbstractContextManager, AbstractAsyncContextManager):
-    """What ``KVSaver.from_conn_string`` returns: a saver opened on entering a
-    ``with`` or ``async with`` block and closed on leaving it."""
-
-    def __init__(self, open_saver: Callable[[], KVSaver]) -> None:
-        self._open = open_saver
-        self._saver: KVSaver | None = None
-
-    def __enter__(self) -> KVSaver:
-        self._saver = self._open()
-        return self._saver
-
-    def __exit__(self, *exc: object) -> None:
-        if self._saver is not None:
-            self._saver.close()
-            self._saver = None
-
-    async def __aenter__(self) -> KVSaver:
-        self._saver = await asyncio.to_thread(self._open)
-        return self._saver
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._saver is not None:
-            saver, self._saver = self._saver, None
-            await asyncio.to_thread(saver.close)
