@@ -64,6 +64,7 @@ class FileStore(MemoryStore):
     """A sorted store kept in memory and persisted atomically to ``path``."""
 
     nonblocking_reads = False  # a read may re-read the file another process replaced
+    path: str  # the file (no directory of its own: ``directory`` stays None)
 
     def __init__(self, path: str | os.PathLike[str], *, readonly: bool = False) -> None:
         super().__init__(readonly=readonly)

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from sortedcontainers import SortedDict
 
-from .store import ReadOnlyError, StoreClosedError
+from .store import ReadOnlyError, Store, StoreClosedError
 
 __all__ = ["MemoryStore"]
 
@@ -170,7 +170,7 @@ class _MemTxn:
         return len(keys)
 
 
-class MemoryStore:
+class MemoryStore(Store):
     """A sorted in-memory ``Store``. Nothing survives the process."""
 
     nonblocking_reads = True  # see kv.store

@@ -20,18 +20,29 @@ network (``PostgresStore``), where each call is a round trip and a scan
 fetches in chunks: a caller that knows it wants one key of a range, or many
 keys at once, says so. On the local stores they cost what the loop does.
 A read transaction's snapshot is taken no later than its first read.
-A store whose scans queue their first query until the next round trip (so a
-``scan`` called before a ``get_many`` shares its round trip) says so with a
-class attribute ``pipelines_reads = True`` (``PostgresStore``); callers may
-then order their reads that way. Local stores have nothing to gain.
-A store whose write transactions can fail on a conflict with a concurrent
-writer (``StoreConflictError``; ``PostgresStore``, SERIALIZABLE) says so with
-``write_conflicts = True``: a caller that cannot rerun a ``write()`` block by
-itself uses ``transact``, which reruns its function.
-A store whose reads never wait for a lock, a writer, a network or a file
-read (a memory map, memory) says so with ``nonblocking_reads = True``
-(``LMDBStore``, ``MemoryStore``); an async caller may then read on its event
-loop instead of hopping to a worker thread.
+
+Capabilities: attributes every store has, declared on ``Store`` with the
+defaults of a store that has none of them (every backend derives from
+``Store`` and sets its own), so a caller reads them directly:
+
+* ``pipelines_reads``: its scans queue their first query until the next
+  round trip (so a ``scan`` called before a ``get_many`` shares its round
+  trip; ``PostgresStore``); callers may then order their reads that way.
+  Local stores have nothing to gain.
+* ``write_conflicts``: its write transactions can fail on a conflict with a
+  concurrent writer (``StoreConflictError``; ``PostgresStore``,
+  SERIALIZABLE): a caller that cannot rerun a ``write()`` block by itself
+  uses ``transact``, which reruns its function.
+* ``nonblocking_reads``: its reads never wait for a lock, a writer, a network
+  or a file read (a memory map, memory: ``LMDBStore``, ``MemoryStore``); an
+  async caller may then read on its event loop instead of hopping to a
+  worker thread.
+* ``max_size``: a cap on its size in bytes (``LMDBStore``'s), None for none;
+  ``used_bytes()``: its live bytes, cheaply (None: it cannot tell).
+* ``directory``: a directory that holds its files and nothing else's, where a
+  caller may keep files of its own named ``kvsaver.*`` (``LMDBStore``'s);
+  None for none. ``path``: where it is (a directory or a file), None for a
+  store in memory or on a server.
 
 Errors form one family rooted at ``KVError``.
 """
@@ -126,6 +137,18 @@ class Store(Protocol):
     """An ordered byte-key store with snapshot reads and atomic writes."""
 
     readonly: bool
+    # Capabilities (see the module docstring), as a store that has none.
+    nonblocking_reads: bool = False
+    pipelines_reads: bool = False
+    write_conflicts: bool = False
+    max_size: int | None = None
+    directory: str | None = None
+    path: str | None = None
+
+    def used_bytes(self) -> int | None:
+        """Live bytes, without a system call where the store can; None when
+        it cannot tell."""
+        return None
 
     def read(self) -> AbstractContextManager[Txn]: ...
 

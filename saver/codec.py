@@ -108,23 +108,12 @@ class Codec(C.Stack):
         # (thread, ns, checkpoint id) -> channel_versions of checkpoints this
         # process wrote: the parent of the next put is nearly always one.
         self._versions = _Versions(_VERSIONS)
-        # The serializer object itself is held weakly (the layers below it
-        # are other objects): ``codec`` keeps one codec per live serializer,
-        # and a strong reference from it would keep both alive for good.
-        try:
-            self._serde: Callable[[], SerializerProtocol | None] = weakref.ref(serde)
-        except TypeError:  # not weakly referable (slots): ``codec`` keeps none
-            self._serde = lambda: serde
-        else:
-            for name in ("top", "enc", "comp", "inner"):
-                if getattr(self, name) is serde:
-                    setattr(self, name, weakref.proxy(serde))
+        self._serde = serde
 
     @property
-    def serde(self) -> SerializerProtocol | None:
-        """The serializer this codec is of; None once it is gone (held
-        weakly: see ``codec``; a codec is of no use without it)."""
-        return self._serde()
+    def serde(self) -> SerializerProtocol:
+        """The serializer this codec is of."""
+        return self._serde
 
     # -- the checkpoint record (the layers' wrapping: ``compression.Stack``) -----
 
@@ -662,39 +651,43 @@ class Codec(C.Stack):
         return len(rebuilt)
 
 
-_CODECS_LOCK = threading.Lock()
-# id(serializer) -> (a weak reference to it, its codec): the codec of a
-# serializer lives as long as the serializer does, and nothing is stored on
-# the user's object. The codec holds its serializer weakly (``Codec.serde``),
-# so this keeps neither alive; the reference's callback drops the entry.
-_CODECS: dict[int, tuple[weakref.ref[Any], Codec]] = {}
+_CODECS_LOCK = threading.RLock()  # the callback below may run inside codec(), during a collection
+# id(serializer) -> a weak reference to its codec: one codec per serializer
+# object while something (a saver, its heads) holds that codec, and nothing
+# stored on the user's object. The codec holds its serializer, so while the
+# codec lives the id names that serializer alone; the reference's callback
+# drops the entry when the codec goes.
+_CODECS: dict[int, weakref.ref[Codec]] = {}
 
 
 def codec(serde: SerializerProtocol) -> Codec:
     """The codec of a serializer stack, one per serializer object (so a clone
     with another allowlist, or another cipher, has its own caches), for as
-    long as that object lives. A serializer that cannot be weakly referenced
-    gets a new codec at each call, which makes no deltas (no cache to find
-    a base in: values are stored whole)."""
-    hit = _CODECS.get(id(serde))
-    if hit is not None and hit[0]() is serde:
-        return hit[1]
+    long as a holder of it (the saver) keeps it. A serializer that cannot be
+    weakly referenced (``__slots__``) gets a new codec at each call, which
+    makes no deltas (no cache to find a base in: values are stored whole)."""
+    try:
+        weakref.ref(serde)
+    except TypeError:
+        c = Codec(serde)
+        c.enabled = False
+        return c
+    ref = _CODECS.get(id(serde))
+    c = ref() if ref is not None else None
+    if c is not None and c.serde is serde:
+        return c
     with _CODECS_LOCK:
-        hit = _CODECS.get(id(serde))
-        if hit is not None and hit[0]() is serde:
-            return hit[1]
+        ref = _CODECS.get(id(serde))
+        c = ref() if ref is not None else None
+        if c is not None and c.serde is serde:
+            return c
         c = Codec(serde)
         key = id(serde)
-        try:
-            ref = weakref.ref(serde, functools.partial(_forget, key))
-        except TypeError:  # no weak references (slots): no cache
-            c.enabled = False
-            return c
-        _CODECS[key] = (ref, c)
+        _CODECS[key] = weakref.ref(c, functools.partial(_forget, key))
     return c
 
 
-def _forget(key: int, ref: weakref.ref[Any]) -> None:
-    hit = _CODECS.get(key)
-    if hit is not None and hit[0] is ref:
-        _CODECS.pop(key, None)
+def _forget(key: int, ref: weakref.ref[Codec]) -> None:
+    with _CODECS_LOCK:
+        if _CODECS.get(key) is ref:
+            del _CODECS[key]

@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol, TypeVar
 
-from kvsaver.kv import Store
+from kvsaver.kv import Store, Txn
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from . import schema as S
@@ -177,7 +177,7 @@ def now_ms(clock: Callable[[], float]) -> int:
     return int(clock() * 1000)
 
 
-def last_activity(saver: KVSaver, txn: Any, thread: str) -> tuple[int | None, int | None]:
+def last_activity(saver: KVSaver, txn: Txn, thread: str) -> tuple[int | None, int | None]:
     """(activity record ms, latest checkpoint ts ms over the namespaces)."""
     raw = txn.get(S.activity_key(thread))
     recorded = None if raw is None else S.decode_activity(raw)[0]
@@ -301,7 +301,7 @@ def _read_state(saver: KVSaver) -> dict[str, Any]:
 
 
 def _update_state(saver: KVSaver, **changes: Any) -> None:
-    def update(txn: Any) -> None:  # may be rerun (a conflict on PostgreSQL)
+    def update(txn: Txn) -> None:  # may be rerun (a conflict on PostgreSQL)
         state = S.decode_sweep(txn.get(S.SWEEP_KEY))
         state.update(changes)
         txn.put(S.SWEEP_KEY, S.encode_sweep(state))
@@ -338,7 +338,7 @@ def _cutoff(r: Retention, p: _Pass) -> int:
     return p.started - int(r.ttl_minutes * 60_000)
 
 
-def _thread_chunks(saver: KVSaver, txn: Any, start: bytes | None = None, size: int = 256) -> Any:
+def _thread_chunks(saver: KVSaver, txn: Txn, start: bytes | None = None, size: int = 256) -> Any:
     """Thread ids in key order, by skipping from one thread's checkpoints to
     the next thread's (one seek per thread), in lists of ``size``."""
     lo, hi = S.keyspace_range(S.CHECKPOINT)
@@ -402,7 +402,7 @@ def _handle(
     report = p.report
     report.threads_checked += 1
 
-    def apply(txn: Any) -> tuple[int, bool]:  # (checkpoints deleted, thread deleted)
+    def apply(txn: Txn) -> tuple[int, bool]:  # (checkpoints deleted, thread deleted)
         recorded, latest = last_activity(saver, txn, thread)
         namespaces = TH.namespaces(txn, thread)
         seen = [x for x in (recorded, latest) if x is not None]

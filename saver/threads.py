@@ -10,9 +10,11 @@ module imports them: no cycle).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from kvsaver.kv import Txn
+from kvsaver.kv.keys import unpack
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from . import delta as D
@@ -23,7 +25,7 @@ TOUCH_RESOLUTION_MS = 1000  # activity is recorded at most once a second per thr
 _UNREAD: Any = object()  # touch(): the activity record was not read by the caller
 
 
-def find_record(txn: Any, thread: str, ns: str, checkpoint_id: Any) -> bytes | None:
+def find_record(txn: Txn, thread: str, ns: str, checkpoint_id: Any) -> bytes | None:
     """The stored record of a checkpoint id, or of the latest checkpoint of
     (thread, ns) when no id is given: one reverse step over its keys."""
     if checkpoint_id:
@@ -37,7 +39,7 @@ def versions(serde: SerializerProtocol, rec: S.CheckpointRecord) -> dict[str, An
     return serde.loads_typed(rec.checkpoint)["channel_versions"]
 
 
-def namespaces(txn: Any, thread: str) -> list[str]:
+def namespaces(txn: Txn, thread: str) -> list[str]:
     """Distinct namespaces of a thread, by skipping from one to the next."""
     out: list[str] = []
     start, stop = S.checkpoints_range(thread)
@@ -51,7 +53,7 @@ def namespaces(txn: Any, thread: str) -> list[str]:
 
 
 def stored_value(
-    txn: Any,
+    txn: Txn,
     thread: str,
     ns: str,
     checkpoint: Mapping[str, Any],
@@ -71,7 +73,7 @@ def stored_value(
     return D.codec(serde).typed(txn, key, txn.get(key))
 
 
-def delete_checkpoint(txn: Any, rec: S.CheckpointRecord) -> None:
+def delete_checkpoint(txn: Txn, rec: S.CheckpointRecord) -> None:
     """Remove a checkpoint, its writes and its index entries (not blobs)."""
     t, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
     txn.delete(S.checkpoint_key(t, ns, cid))
@@ -80,7 +82,7 @@ def delete_checkpoint(txn: Any, rec: S.CheckpointRecord) -> None:
     txn.delete_range(*S.writes_range(t, ns, cid))
 
 
-def drop_stale_head(txn: Any, thread: str, ns: str) -> None:
+def drop_stale_head(txn: Txn, thread: str, ns: str) -> None:
     """Delete the head record of (thread, ns) when the checkpoint it holds is
     gone (``delete_for_runs``; ``keep_latest`` keeps the latest, and reads
     never serve a head whose record is not theirs: this only frees it)."""
@@ -93,7 +95,7 @@ def drop_stale_head(txn: Any, thread: str, ns: str) -> None:
         txn.delete(hkey)
 
 
-def delete_thread(txn: Any, thread: str) -> None:
+def delete_thread(txn: Txn, thread: str) -> None:
     """Remove every checkpoint, blob, write, index entry and head record of a thread."""
     for _, raw in list(txn.scan(*S.checkpoints_range(thread))):
         for key in S.index_keys(S.decode_checkpoint(raw)):
@@ -105,7 +107,7 @@ def delete_thread(txn: Any, thread: str) -> None:
     forget(txn, thread)
 
 
-def used_blobs(txn: Any, serde: SerializerProtocol, thread: str) -> set[bytes]:
+def used_blobs(txn: Txn, serde: SerializerProtocol, thread: str) -> set[bytes]:
     """The blob keys the checkpoints of a thread (every namespace) name."""
     used: set[bytes] = set()
     for _, raw in txn.scan(*S.checkpoints_range(thread)):
@@ -114,7 +116,7 @@ def used_blobs(txn: Any, serde: SerializerProtocol, thread: str) -> set[bytes]:
     return used
 
 
-def gc_blobs(txn: Any, serde: SerializerProtocol, thread: str, ns: str) -> None:
+def gc_blobs(txn: Txn, serde: SerializerProtocol, thread: str, ns: str) -> None:
     """Delete the blobs of (thread, ns) that no remaining checkpoint uses,
     nor any delta chain of a blob that one uses."""
     referenced: set[bytes] = set()
@@ -129,7 +131,7 @@ def gc_blobs(txn: Any, serde: SerializerProtocol, thread: str, ns: str) -> None:
 
 
 def keep_latest(
-    txn: Any, serde: SerializerProtocol, thread: str, ns: str, keep_last: int = 1
+    txn: Txn, serde: SerializerProtocol, thread: str, ns: str, keep_last: int = 1
 ) -> int:
     """Keep the newest ``keep_last`` checkpoints of (thread, ns) and, for
     each, the ancestors its DeltaChannels rebuild from; delete the other
@@ -174,7 +176,7 @@ def keep_latest(
 # -- the activity index (retention's TTL) -----------------------------------------
 
 
-def touch(txn: Any, thread: str, ms: int, raw: Any = _UNREAD) -> None:
+def touch(txn: Txn, thread: str, ms: int, raw: Any = _UNREAD) -> None:
     """Record activity of ``thread`` at ``ms`` (skipped within a second of the
     stored time, so the puts of one graph run rewrite no index page).
     ``raw``: the activity record, when the caller read it in this transaction."""
@@ -189,10 +191,65 @@ def touch(txn: Any, thread: str, ms: int, raw: Any = _UNREAD) -> None:
     txn.put(S.idle_key(ms, thread), S.encode_thread(thread))
 
 
-def forget(txn: Any, thread: str) -> None:
+def forget(txn: Txn, thread: str) -> None:
     """Drop the activity record of a deleted thread."""
     akey = S.activity_key(thread)
     raw = txn.get(akey)
     if raw is not None:
         txn.delete(S.idle_key(S.decode_activity(raw)[0], thread))
         txn.delete(akey)
+
+
+def delete_for_runs(txn: Txn, serde: SerializerProtocol, ids: list[str]) -> None:
+    """Delete the checkpoints (and their writes) created by the runs ``ids``,
+    then the blobs no remaining checkpoint of those threads uses."""
+    touched: set[tuple[str, str]] = set()
+    for run_id in ids:
+        for key, _ in list(txn.scan(*S.runs_range(run_id))):
+            _, _, kt, kns, kcid = unpack(key)
+            raw = txn.get(S.checkpoint_key_from_elements(kt, kns, kcid))
+            txn.delete(key)
+            if raw is None:
+                continue
+            rec = S.decode_checkpoint(raw)
+            delete_checkpoint(txn, rec)
+            touched.add((rec.thread_id, rec.checkpoint_ns))
+    for thread, ns in sorted(touched):
+        gc_blobs(txn, serde, thread, ns)
+        drop_stale_head(txn, thread, ns)
+
+
+def copy_thread(
+    txn: Txn,
+    serde: SerializerProtocol,
+    codec: D.Codec,
+    src: str,
+    dst: str,
+    now: Callable[[], int],
+) -> None:
+    """Copy every checkpoint, blob and write of thread ``src`` to ``dst``
+    (records already there with the same ids overwritten); ``dst``'s
+    activity stamped at ``now()`` (ms)."""
+    txn.delete_range(*S.heads_range(dst))  # its latest may change
+    for kind in (S.BLOB, S.WRITE):
+        sp, dp = S.thread_prefix(kind, src), S.thread_prefix(kind, dst)
+        lo, hi = (S.blobs_range if kind == S.BLOB else S.writes_range)(src)
+        moved = [(S.rethread(k, len(sp), dp), v) for k, v in list(txn.scan(lo, hi))]
+        if kind == S.BLOB:  # what the source uses, and no delta chain broken
+            used = {S.rethread(k, len(sp), dp) for k in used_blobs(txn, serde, src)}
+            moved = codec.plan_copy(txn, moved, used, *S.blobs_range(dst))
+        for key, value in moved:
+            txn.put(key, value)
+    for _, raw in list(txn.scan(*S.checkpoints_range(src))):
+        rec = S.decode_checkpoint(raw)._replace(thread_id=dst)
+        ns, cid = rec.checkpoint_ns, rec.checkpoint_id
+        ckey = S.checkpoint_key(dst, ns, cid)
+        old = txn.get(ckey)
+        if old is not None:  # overwritten: drop its index entries, as put does,
+            # or delete_for_runs(old run) would delete the copy
+            for key in S.index_keys(S.decode_checkpoint(old)):
+                txn.delete(key)
+        txn.put(ckey, S.encode_checkpoint(rec))
+        for key in S.index_keys(rec):
+            txn.put(key, b"")
+    touch(txn, dst, now())

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from kvsaver.kv import CorruptStoreError, FormatVersionError, Store, Txn
 from kvsaver.kv.keys import pack, unpack
 
 from . import schema as S
@@ -34,7 +35,7 @@ _CHUNK = 4096  # keys per scan while rewriting: the scan never holds a whole key
 LEGACY_WRITE_KEY_LEN = 7  # format 1: ("w", thread, ns, checkpoint_id, task_path, task_id, idx)
 
 
-def _writes_by_task_id(txn: Any) -> dict[str, int]:
+def _writes_by_task_id(txn: Txn) -> dict[str, int]:
     """Format 1 -> 2: every write key without its task_path element."""
     moved = dropped = 0
     start, stop = S.keyspace_range(S.WRITE)
@@ -64,7 +65,7 @@ def _writes_by_task_id(txn: Any) -> dict[str, int]:
     return {"writes": moved, "writes_dropped": dropped}
 
 
-def _deltas_allowed(txn: Any) -> dict[str, int]:
+def _deltas_allowed(txn: Txn) -> dict[str, int]:
     """Format 2 -> 3: blobs may now be delta records
     (``saver/delta.py``). Nothing to rewrite: whole values read as they are;
     the new number makes an older kvsaver refuse the store rather than fail
@@ -72,7 +73,7 @@ def _deltas_allowed(txn: Any) -> dict[str, int]:
     return {}
 
 
-def _small_dictionary_allowed(txn: Any) -> dict[str, int]:
+def _small_dictionary_allowed(txn: Txn) -> dict[str, int]:
     """Format 3 -> 4: checkpoints, pending writes and small values may now
     be zstd-compressed with ``compression.SMALL_DICT`` (type ``"....zd1"``),
     and a channel version without a value has no record (format 3 gives it
@@ -82,7 +83,7 @@ def _small_dictionary_allowed(txn: Any) -> dict[str, int]:
     return {}
 
 
-def _write_batches_allowed(txn: Any) -> dict[str, int]:
+def _write_batches_allowed(txn: Txn) -> dict[str, int]:
     """Format 4 -> 5: the regular writes of one ``put_writes`` may now be one
     record (``schema.write_records``). Nothing to rewrite: a record of one
     write reads as it is; the number makes an older kvsaver refuse the
@@ -90,7 +91,7 @@ def _write_batches_allowed(txn: Any) -> dict[str, int]:
     return {}
 
 
-def _small_values_inline(txn: Any) -> dict[str, int]:
+def _small_values_inline(txn: Txn) -> dict[str, int]:
     """Format 5 -> 6: a checkpoint record may now hold its small values
     (``schema.is_small``) instead of blobs. Nothing to rewrite: a record
     without them reads every value from its blobs; the number makes an older
@@ -107,7 +108,7 @@ UPGRADES: dict[int, Callable[[Any], dict[str, int]]] = {
 }
 
 
-def upgrade(txn: Any, version: int) -> list[dict[str, Any]]:
+def upgrade(txn: Txn, version: int) -> list[dict[str, Any]]:
     """Upgrade a store of format ``version`` to ``schema.FORMAT_VERSION``
     inside ``txn``; one record per step: {"from", "to", counts...}."""
     done = []
@@ -128,3 +129,42 @@ def first_per_identity(recs: list[S.WriteRecord]) -> list[S.WriteRecord]:
             seen.add((w.task_id, w.idx))
             out.append(w)
     return out
+
+
+def check_schema(store: Store) -> bool:
+    """Write the schema record of a new store; refuse a foreign store or a
+    newer format; upgrade an older format (writable) or read it as it is
+    (read-only). Whether its write keys are format 1's (a read-only store:
+    ``reads.Reads.legacy_writes``)."""
+    with store.read() as txn:
+        raw = txn.get(S.SCHEMA_KEY)
+        empty = raw is None and next(iter(txn.scan(None, None, limit=1)), None) is None
+    if raw is None:
+        if not empty:
+            raise CorruptStoreError(
+                f"{store!r} holds data but no kvsaver schema record: it is not a KVSaver store"
+            )
+        if not store.readonly:
+            with store.write() as txn:
+                if txn.get(S.SCHEMA_KEY) is None:
+                    txn.put(S.SCHEMA_KEY, S.encode_schema())
+        return False
+    version = S.decode_schema(raw)
+    if version > S.FORMAT_VERSION:
+        raise FormatVersionError(
+            f"this store was written by kvsaver format {version}; this version of "
+            f"kvsaver reads format {S.FORMAT_VERSION} and older. Upgrade kvsaver."
+        )
+    if version < S.FORMAT_VERSION:
+        if store.readonly:
+            # Read as it is (this module); another process may
+            # upgrade it meanwhile, which reads the same.
+            return version < 2  # format 1 write keys
+        with store.write() as txn:  # one transaction: all of it or none
+            raw = txn.get(S.SCHEMA_KEY)
+            record = S.decode_schema_record(raw) if raw is not None else {}
+            version = int(record.get("format", S.FORMAT_VERSION))
+            if version < S.FORMAT_VERSION:
+                done = list(record.get("upgrades") or []) + upgrade(txn, version)
+                txn.put(S.SCHEMA_KEY, S.encode_schema(done))
+    return False

@@ -21,8 +21,8 @@ from kvsaver import KVSaver
 from kvsaver import heads as H
 from kvsaver import schema as S
 from kvsaver import threads as TH
-from kvsaver._idle import IdleWork
 from kvsaver.kv.keys import unpack
+from kvsaver.whole.idle import IdleWork
 from langgraph.checkpoint.serde.encrypted import EncryptedSerializer
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from saver_helpers import config, damage_zstd_blob, make_checkpoint, open_kv, tuple_dict
@@ -46,7 +46,7 @@ def from_blobs(saver: KVSaver, conf: dict[str, Any]) -> dict[str, Any] | None:
         if raw is None:
             return None
         given = conf if c.get("checkpoint_id") else None
-        return tuple_dict(saver._load_tuple(txn, S.decode_checkpoint(raw), given))
+        return tuple_dict(saver._reads.load_tuple(txn, S.decode_checkpoint(raw), given))
 
 
 def drop_blobs(saver: KVSaver) -> None:
@@ -240,8 +240,8 @@ def test_a_put_without_whole_latest_true_removes_a_head(tmp_path: Path, mode: An
         put(fast, "t", "2", {"a": 2}, {"a": "2"}, {"a": "2"}, "1")
         assert list(heads(fast)) == [("t", "")]
     with KVSaver(tmp_path / "s", whole_latest=mode) as other:
-        if other._idle is not None:
-            other._idle.delay = 3600
+        if other._heads.idle is not None:
+            other._heads.idle.delay = 3600
         # a put that does not write the head in its transaction drops it
         put(other, "t", "3", {"a": 3}, {"a": "3"}, {"a": "3"}, "2")
         assert heads(other) == {}
@@ -250,8 +250,8 @@ def test_a_put_without_whole_latest_true_removes_a_head(tmp_path: Path, mode: An
 
 
 def idle_of(saver: KVSaver) -> IdleWork:
-    assert saver._idle is not None
-    return saver._idle
+    assert saver._heads.idle is not None
+    return saver._heads.idle
 
 
 def heads_of(path: Path) -> dict[tuple[Any, ...], bytes]:
@@ -326,7 +326,7 @@ def test_close_writes_the_heads_still_waiting(tmp_path: Path, backend: str) -> N
 def _changed_under(saver: KVSaver, change: Any) -> None:
     """Run ``change(txn)`` in a write transaction between the idle head's
     making (in a read transaction) and its writing."""
-    heads = saver._idle_heads
+    heads = saver._heads.idle_heads
     made = heads.make
 
     def between(txn: Any, thread: str, ns: str) -> Any:
@@ -526,7 +526,7 @@ def test_an_id_given_as_a_uuid_or_an_int_reads_the_same(tmp_path: Path, cid: Any
             got = saver.get_tuple(conf)
             assert got is not None and got.config["configurable"]["checkpoint_id"] == str(cid)
             assert tuple_dict(got) == from_blobs(saver, conf)
-        assert saver._head_ids[("t", "")] == str(cid)
+        assert saver._heads.ids[("t", "")] == str(cid)
 
 
 def test_thousands_of_channels_put_and_read(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Issue #13: heads wanted by readers of other processes (kv/hints.py and
+"""Issue #13: heads wanted by readers of other processes (saver/whole/hints.py and
 KVSaver's use of it with whole_latest="idle").
 
 A reader that finds a thread's latest checkpoint without its head (the put
@@ -21,14 +21,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import kvsaver.kv.hints as hints_mod
+import kvsaver.whole.hints as hints_mod
 import pytest
 from kvsaver import KVSaver
 from kvsaver import heads as H
 from kvsaver import kvsaver as K
 from kvsaver import schema as S
 from kvsaver import threads as TH
-from kvsaver.kv.hints import HINTS_FILE, SLOTS, Hints
+from kvsaver import whole as W
+from kvsaver.whole.hints import HINTS_FILE, SLOTS, Hints
 from saver_helpers import config, make_checkpoint, tuple_dict
 
 HOSTILE = ["t", "", "a\x00b", "emoji 🧵", "x" * 10_000]
@@ -66,8 +67,8 @@ def read_often(saver: KVSaver, thread: str) -> None:
 def writer(path: Path, **options: Any) -> KVSaver:
     """A saver whose idle thread waits an hour: heads here come from puts."""
     saver = KVSaver(path, **options)
-    assert saver._idle is not None
-    saver._idle.delay = 3600
+    assert saver._heads.idle is not None
+    saver._heads.idle.delay = 3600
     return saver
 
 
@@ -283,11 +284,11 @@ def test_only_a_thread_read_often_is_marked(
     path = tmp_path / "s"
     marks: list[bytes] = []
     clock = [1000.0]
-    monkeypatch.setattr(K, "_monotonic", lambda: clock[0])
+    monkeypatch.setattr(W, "_monotonic", lambda: clock[0])
     with writer(path) as w, KVSaver(path) as r:
         put(w, "t", 1)
         clock[0] += 10  # (r is another saver: w's idle thread, not r's, waits for "t")
-        monkeypatch.setattr(r.store.hints, "mark", marks.append)  # type: ignore[attr-defined]
+        monkeypatch.setattr(r._heads.hints, "mark", marks.append)
         for _ in range(K.WANT_AFTER - 1):  # polled: each read a window apart
             r.get_tuple(config("t"))
             clock[0] += K.MARK_SECONDS + 0.1

@@ -1,4 +1,4 @@
-"""saver/_idle.py: work for a key once it is left alone (the heads of idle
+"""saver/whole/idle.py: work for a key once it is left alone (the heads of idle
 threads, issue #13). No assertion on time: waits are bounded polls."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from kvsaver._idle import BATCH, IdleWork
+from kvsaver.whole.idle import BATCH, IdleWork
 
 
 class _Owner:

@@ -163,7 +163,7 @@ def test_heads_hold_the_small_values(tmp_path: Path) -> None:
         assert tuple_dict(plain.get_tuple(config("t"))) == via_head
     with KVSaver(tmp_path / "b") as idle:
         _put(idle, "1", {"n": 1, "m": ["a"]}, {"n": "1", "m": "1"}, {"n": "1", "m": "1"})
-        idle._idle_heads.write([("t", "")])
+        idle._heads.idle_heads.write([("t", "")])
         with idle.store.read() as txn:
             assert txn.get(S.head_key("t", "")) is not None
         got = idle.get_tuple(config("t"))

@@ -83,7 +83,7 @@ The modules, each importing only modules listed before it:
 * ``snapshot``: beginning transactions, on a settled snapshot;
 * ``commitqueue``: the queue of the group commit;
 * ``environment``: ``_Env`` (made of the three above), its registry, ``fork()``;
-* ``store``: ``LMDBStore``, its transactions, and its use of ``kv.hints``;
+* ``store``: ``LMDBStore`` and its transactions;
 * ``compact``: ``compact_lmdb``.
 """
 

@@ -16,6 +16,8 @@ import time
 from ..store import StoreBusyError
 
 LOCK_FILE = "kvsaver.lock"  # shared flock while open, exclusive while compacting
+# how the files beside LMDB's are named: the lock above, a caller's (``directory``)
+CALLER_FILES = "kvsaver."
 _COMPACTION_WAIT_SECONDS = 60.0
 
 

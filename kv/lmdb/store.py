@@ -5,9 +5,6 @@ Opening finds or opens the directory's shared ``_Env`` (``environment``);
 reads enter a ``_ReadContext``; ``write()`` holds the writer lock for one
 transaction, and ``transact()`` queues its function for the leader of the
 commit queue, which runs the batch in one transaction (``_run_batch``).
-Everything of ``kv.hints`` this package uses is in this module: the import,
-``LMDBStore.hints`` (made in ``__init__``, closed in ``close``) and
-``_check_dir``'s ``HINTS_FILE``.
 """
 
 from __future__ import annotations
@@ -23,12 +20,12 @@ from typing import Any, TypeVar
 
 import lmdb
 
-from ..hints import HINTS_FILE, Hints
 from ..store import (
     CorruptStoreError,
     KeyTooLongError,
     KVError,
     ReadOnlyError,
+    Store,
     StoreClosedError,
 )
 
@@ -46,7 +43,7 @@ from .environment import (
 )
 from .failures import _DAMAGE, _damaged, _disk_full, _drop_orphans, _finished
 from .growth import _PAGE, _no_puts
-from .lockfile import LOCK_FILE
+from .lockfile import CALLER_FILES
 from .ranges import _delete_range, _one, _scan
 
 T = TypeVar("T")
@@ -246,7 +243,7 @@ class _ReadContext:
             raise _damaged(self._env.path, exc) from exc
 
 
-class LMDBStore:
+class LMDBStore(Store):
     """An ordered ``Store`` in an LMDB environment at directory ``path``.
 
     Args:
@@ -262,6 +259,7 @@ class LMDBStore:
     """
 
     nonblocking_reads = True  # reads are memory-map reads (see kv.store)
+    path: str  # the directory
 
     def __init__(
         self,
@@ -280,6 +278,9 @@ class LMDBStore:
         if max_size is not None and max_size < _PAGE * 8:
             raise ValueError(f"max_size={max_size} is too small (minimum {_PAGE * 8} bytes)")
         self.path = os.path.abspath(os.fspath(path))
+        # The directory of its files alone: a caller may keep files of its
+        # own there, named CALLER_FILES* (see kv.store).
+        self.directory = self.path
         self.readonly = readonly
         self.durability = durability
         self.max_size = max_size  # the cap on the data file, None for none
@@ -312,9 +313,6 @@ class LMDBStore:
             env.refs += 1
         self._env = env
         self._finalizer = weakref.finalize(self, _release, key, env)
-        # Advice between the processes of this store (kv/hints.py): which
-        # threads' readers want their heads written by the puts.
-        self.hints = Hints(self.path)
 
     def _check_open(self) -> _Env:
         if self._closed:
@@ -607,7 +605,7 @@ class LMDBStore:
 
     def disk_usage(self) -> int:
         """Bytes of the files in the store's directory (data, LMDB's lock
-        file, ``kvsaver.lock`` and ``kvsaver.hints``)."""
+        file, ``kvsaver.lock`` and those a caller keeps there)."""
         self._check_open()
         total = 0
         for entry in os.scandir(self.path):
@@ -619,7 +617,6 @@ class LMDBStore:
         if self._closed:
             return
         self._closed = True
-        self.hints.close()
         self._finalizer()
 
     def __enter__(self) -> LMDBStore:
@@ -638,7 +635,8 @@ def _check_dir(path: str, readonly: bool) -> None:
     if os.path.isdir(path):
         # Lock files alone are a store being created by another process this
         # moment (LMDB makes lock.mdb, then data.mdb), or an open that failed.
-        entries = set(os.listdir(path)) - {LOCK_FILE, HINTS_FILE, "lock.mdb"}
+        # (and the files named CALLER_FILES*, ours and a caller's).
+        entries = {e for e in os.listdir(path) if not e.startswith(CALLER_FILES)} - {"lock.mdb"}
         if entries and "data.mdb" not in entries:
             raise CorruptStoreError(
                 f"{path} is a non-empty directory without data.mdb: not an LMDB store "

@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..store import CorruptStoreError, FormatVersionError, KVError, ReadOnlyError
+from ..store import CorruptStoreError, FormatVersionError, KVError, ReadOnlyError, Store
 from .cache import _Cache
 from .connections import _close_pool, _Connections, _Lingering
 from .driver import _IDLE, _psycopg
@@ -66,7 +66,7 @@ class _WriteContext:
             self._store._leave_writer()
 
 
-class PostgresStore(_Connections, _GroupCommit):
+class PostgresStore(_Connections, _GroupCommit, Store):
     """An ordered ``Store`` in one PostgreSQL table, shared by every process
     and machine that opens it. ``pipelines_reads``: a scan's first chunk is
     queued until the next round trip; ``write_conflicts``: a write transaction

@@ -11,7 +11,7 @@ its idle thread, which a graph's own writes prefer.
 A hint is only ever advice: a lost, stale or colliding one costs speed,
 never data. So the table is as cheap as can be and never fails a caller:
 
-* a file ``kvsaver.hints`` in the store's directory, ``SLOTS`` unsigned
+* a file ``kvsaver.hints`` in the store's directory (``Store.directory``), ``SLOTS`` unsigned
   32-bit slots (a key's slot: its CRC-32 modulo ``SLOTS``; two keys in one
   slot share their marks), each the wall-clock second of its last mark;
 * ``mark`` opens the file by its path (making it, sized with
