@@ -32,7 +32,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # -- temporary directories on tmpfs -------------------------------------------
 # Almost every test opens an LMDB store at full durability, so the suite's time
-# was dominated by fsync on the runner's disk (several ms each, far more under
+# was dominated by fsync on the runner's disk (a device flush each, longer under
 # load), not by what is tested. Stores made by tests (tmp_path and tempfile,
 # in this process and in the subprocesses it starts) live on /dev/shm when it
 # is there: fsync is then free, and nothing else changes. Crash tests kill

@@ -1,6 +1,6 @@
-"""A store as an attacker with write access to its files could leave it
-(issue #11): LangGraph's msgpack extension "import module.name and call it"
-planted in stored values, naming ``os.mkdir(marker)``, so that decoding it in
+"""A store as an attacker with write access to its files could leave it:
+LangGraph's msgpack extension "import module.name and call it" planted in
+stored values, naming ``os.mkdir(marker)``, so that decoding it in
 LangGraph's default (permissive) mode visibly runs it."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def call_mkdir(marker: Path) -> ormsgpack.Ext:
 
 
 def _with_call(typed: tuple[str, bytes], marker: Path) -> tuple[str, bytes]:
-    kind, raw = CompressingSerializer().decompress_typed(*typed)  # ".zd1": issue #15
+    kind, raw = CompressingSerializer().decompress_typed(*typed)  # ".zd1": small values
     assert kind == "msgpack", kind
     obj: Any = ormsgpack.unpackb(raw, ext_hook=ormsgpack.Ext, option=_OPT)
     obj["planted"] = call_mkdir(marker)

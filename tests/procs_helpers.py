@@ -1,4 +1,4 @@
-"""Worker code for the process and fault tests (issue #4).
+"""Worker code for the process and fault tests.
 
 Used by ``test_processes.py``, ``test_crash.py``, ``test_capacity.py`` and
 ``test_async_load.py``. Children are fresh interpreters: multiprocessing's
@@ -287,7 +287,7 @@ def missing_blobs(saver: KVSaver, tup: CheckpointTuple) -> list[str]:
     always hold a value once written) with neither a blob record in the store
     nor a value in the checkpoint's record (format 6 keeps small values
     there): a half-written checkpoint has some. LangGraph's own channels are
-    not checked: a consumed input or trigger has no value, and since issue #15
+    not checked: a consumed input or trigger has no value, and since format 4
     no record either (absent reads as empty)."""
     conf = tup.config["configurable"]
     thread, ns, cid = conf["thread_id"], conf.get("checkpoint_ns", ""), conf["checkpoint_id"]

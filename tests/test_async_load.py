@@ -1,4 +1,4 @@
-"""Async under load (issue #4): 500 concurrent aput + aput_writes.
+"""Async under load: 500 concurrent aput + aput_writes.
 
 All complete correctly, and no disk sync runs on the event loop. Evidence,
 from the weakest to the strongest:
@@ -212,7 +212,7 @@ def test_500_concurrent_aput_do_not_block_the_loop(tmp_path: Path, disk: Path | 
         # ...and its stalls are a fraction of the blocking variant's, which
         # holds the loop for every commit of the run. (A ratio, not a time: on
         # a loaded machine both grow. Its 99th percentile, not its single worst
-        # sample: the OS or a collection alone can stall a loop 100-300 ms.)
+        # sample: the OS or a collection alone can stall a loop far longer.)
         assert good["lag_p99"] * 4 < bad["lag_max"]
     finally:
         saver.close()
@@ -248,7 +248,7 @@ class _ThreadRecordingStore:
 def test_aget_tuple_reads_on_the_loop_only_where_reads_cannot_block(
     tmp_path: Path, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue #13: LMDB and memory reads never wait for a sync or a writer, so
+    """LMDB and memory reads never wait for a sync or a writer, so
     aget_tuple serves them on the event loop (no hop to a worker thread and
     back); a store that does not declare ``nonblocking_reads`` is read in a
     worker thread."""
@@ -282,7 +282,7 @@ def test_aget_tuple_reads_on_the_loop_only_where_reads_cannot_block(
 
 
 def test_async_calls_can_all_wait_on_one_commit(tmp_path: Path) -> None:
-    """Issue #13: a local store's async calls run in the saver's own pool,
+    """A local store's async calls run in the saver's own pool,
     where 16 calls can be in progress at once (the loop's default executor
     has min(32, cpus + 4) threads: 6 on 2 cores), so that puts arriving
     during a commit wait together and share the next one. Each call here

@@ -1,4 +1,4 @@
-"""Size cap and full disk (issue #4).
+"""Size cap and full disk.
 
 ``KVSaver(dir, max_size=N)``: a write past the cap raises ``kvsaver.kv.StoreFullError``
 naming the cap, everything committed before is intact, the failed write left

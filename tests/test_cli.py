@@ -1,4 +1,4 @@
-"""The ``kvsaver`` command (issue #16): threads, history, show, diff over
+"""The ``kvsaver`` command: threads, history, show, diff over
 stores made by real LangGraph graphs (LMDB, FileStore, SqliteSaver), checked
 against what the savers themselves return; strict decoding; read-only use
 beside a running writer; errors; the installed entry points."""

@@ -1,4 +1,4 @@
-"""Compression of stored values (issue #7): saver/compression.py and KVSaver's
+"""Compression of stored values: saver/compression.py and KVSaver's
 ``compress=`` option. What is stored is checked on the raw store records."""
 
 from __future__ import annotations
@@ -502,7 +502,7 @@ def test_strict_msgpack_graph_allowlist_reaches_compressed_values() -> None:
     assert out.stdout.split("\n")[:2] == ["HumanMessage Note", "HumanMessage Note"]
 
 
-# -- loader(): the read path's one-call loads (issue #13) ------------------------------
+# -- loader(): the read path's one-call loads ------------------------------------------
 
 
 def _values() -> list[Any]:
@@ -542,7 +542,7 @@ def test_loader_loads_what_loads_typed_loads(strict: bool) -> None:
 
 @pytest.mark.parametrize("strict", [False, True])
 def test_values_loaded_inline_are_what_typed_then_loads_give(strict: bool) -> None:
-    """Issue #13: a checkpoint's values load in one loop (delta.Codec.values),
+    """A checkpoint's values load in one loop (delta.Codec.values),
     the plain and zstd msgpack records through compression.value_readers'
     parts; every kind of stored record gives what typed() + loads() give,
     and what the same loop without the fast parts gives."""
@@ -589,7 +589,7 @@ def test_loader_of_other_serializers_is_their_loads_typed() -> None:
 
 
 def test_compressors_are_reused_across_short_lived_threads(monkeypatch: Any) -> None:
-    # Issue #13: LangGraph writes checkpoints from worker threads that live
+    # LangGraph writes checkpoints from worker threads that live
     # for one invoke; a zstd context per thread was made anew each invoke.
     made = []
     real = zstandard.ZstdCompressor
@@ -609,7 +609,7 @@ def test_compressors_are_reused_across_short_lived_threads(monkeypatch: Any) -> 
         t.start()
         t.join()
     assert len(made) == 1
-    small = CompressingSerializer()  # the dictionary's compressor (issue #15's small values)
+    small = CompressingSerializer()  # the dictionary's compressor (small values)
     data = _chat_bytes()
     for _ in range(6):
         t = threading.Thread(target=small.compress_small, args=("msgpack", data))
@@ -637,7 +637,7 @@ def test_concurrent_compressions_each_round_trip() -> None:
     assert out == dict(enumerate(values))
 
 
-# -- small values with the dictionary (issue #15) ----------------------------------------
+# -- small values with the dictionary --------------------------------------------------
 
 
 def _chat_bytes() -> bytes:

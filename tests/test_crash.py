@@ -1,4 +1,4 @@
-"""kill -9 and durability (issue #4): real processes, really killed.
+"""kill -9 and durability: real processes, really killed.
 
 * A tight put/put_writes loop (two writer processes on one store, one of them
   killed at a random moment each round; each also deletes its own old runs,
@@ -230,7 +230,7 @@ def pg_database(postgres_url: str) -> Iterator[str]:
 
 
 def test_kill9_tight_loop_writers_on_postgres(tmp_path: Path, pg_database: str) -> None:
-    """Issue #14: clients SIGKILLed mid-put, mid-put_writes and mid-delete on
+    """Clients SIGKILLed mid-put, mid-put_writes and mid-delete on
     PostgreSQL: the server ends their sessions and rolls back what they had
     not committed; nothing acknowledged is lost, no checkpoint is half there,
     no run half deleted, and the next process writes on at once."""

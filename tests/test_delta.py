@@ -1,4 +1,4 @@
-"""Delta storage of append-only channel values (issue #15, ``saver/delta.py``).
+"""Delta storage of append-only channel values (``saver/delta.py``).
 
 The state machine drives KVSaver and InMemorySaver with the same puts (list
 histories: appends, RemoveMessage, replacement by id, trimming, type changes,
@@ -333,7 +333,7 @@ def test_appends_are_stored_as_the_appended_bytes() -> None:
             head = D.header(base.plain)
             assert head is not None
             assert whole == D.make_header(rec.n) + base.plain[head[1] :] + piece
-    # On the version before, but every STRIDE-th on the STRIDE-th before (issue #15).
+    # On the version before, but every STRIDE-th on the STRIDE-th before.
     assert refs == [i - D.STRIDE if i % D.STRIDE == 0 else i - 1 for i in range(1, 20)]
 
 
@@ -347,7 +347,7 @@ def _steps(txn: Any, key: bytes, raw: bytes) -> int:
 
 
 def test_a_read_joins_few_pieces_whatever_the_depth() -> None:
-    """Issue #15, a cold read: the version at depth d joins d % STRIDE short
+    """A cold read: the version at depth d joins d % STRIDE short
     steps and d // STRIDE long ones (at most 14 at K = 64, not 63)."""
     saver = KVSaver(":memory:")
     _chat(saver, "t", D.MAX_CHAIN + 3)
@@ -402,7 +402,7 @@ def test_old_format_store_reads_and_extends(tmp_path: Any) -> None:
     with deltas on the old whole values."""
     path = str(tmp_path / "s")
     with KVSaver(path) as old:
-        D.codec(old.serde).enabled = False  # as kvsaver wrote before issue #15
+        D.codec(old.serde).enabled = False  # as kvsaver wrote before delta storage
         last = _chat(old, "t", 6)
         with old.store.write() as txn:
             txn.put(S.SCHEMA_KEY, ormsgpack.packb({"format": 2}))
@@ -716,7 +716,7 @@ def _stored_types(saver: KVSaver) -> dict[str, list[str]]:
 
 
 def test_small_records_are_compressed_with_the_dictionary() -> None:
-    """Issue #15: checkpoints, pending writes, delta pieces and the graph's
+    """Checkpoints, pending writes, delta pieces and the graph's
     input are a few hundred bytes each, under the 2 KiB threshold; they are
     stored zstd-compressed with the built-in dictionary (".zd1"), and every
     state reads back as InMemorySaver's, also through a fresh serializer."""
@@ -734,7 +734,7 @@ def test_small_records_are_compressed_with_the_dictionary() -> None:
 
 
 def test_only_checkpoint_records_enter_the_small_frame_cache() -> None:
-    """Issue #13: a put or put_writes does not pay the decompression cache's
+    """A put or put_writes does not pay the decompression cache's
     lock, insertion and evictions for frames no read looks up there: delta
     pieces (read by the delta layer, into its own cache) and pending writes
     (read only when their checkpoint is resumed). A checkpoint record, which
@@ -782,7 +782,7 @@ def _counting_deltas(saver: KVSaver) -> list[int]:
 
 
 def test_a_put_makes_its_delta_before_the_transaction_from_its_own_cache() -> None:
-    """Issue #13: the delta of a list that extends the version this process
+    """The delta of a list that extends the version this process
     put at the parent checkpoint is made before the transaction, from the
     codec's cache (so its zstd call is not made inside the transaction), and
     it is the same record, byte for byte, as the one made in the transaction.

@@ -1,4 +1,4 @@
-"""KVSaver as a drop-in for SqliteSaver/PostgresSaver code (issue #12.2, #12.4):
+"""KVSaver as a drop-in for SqliteSaver/PostgresSaver code:
 from_conn_string and setup, option checking, the message for an encrypted
 store opened without its key, repr, a reader and a writer in one process, and
 the langgraph-checkpoint versions without DeltaChannel or writes_sort_key.
@@ -252,7 +252,7 @@ def test_reader_then_writer_in_one_process_is_refused_clearly(tmp_path: Path) ->
         _put(writer, "x")
 
 
-# -- langgraph-checkpoint versions (issue #12.2) ---------------------------------------------
+# -- langgraph-checkpoint versions -----------------------------------------------------
 
 
 def test_delta_channel_methods_exactly_where_langgraph_has_them() -> None:

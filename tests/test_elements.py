@@ -1,5 +1,5 @@
 """saver/elements.py: a list's msgpack made element by element is the
-serializer's own, whatever happened to the elements since (issue #13)."""
+serializer's own, whatever happened to the elements since."""
 
 from __future__ import annotations
 

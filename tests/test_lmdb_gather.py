@@ -1,4 +1,4 @@
-"""LMDBStore's group commit: when a leader waits for its batch to fill (issue #13).
+"""LMDBStore's group commit: when a leader waits for its batch to fill.
 
 A leader waits for company only while waiting pays, learned per kind of
 leading request (its function's code): a sequence of writes that each depend

@@ -259,11 +259,12 @@ def test_reads_see_the_snapshot_their_id_names(tmp_path: Path) -> None:
 
 
 def test_a_read_during_another_commits_meta_flush_begins_once_more(tmp_path: Path) -> None:
-    """Issue #13: at durability "full" a writer keeps its meta page N+1 written
-    but N+1 unpublished for a whole device flush, and a read begun then (id N)
-    sees a meta page newer than its id. Re-beginning until N+1 is published
-    cost such a read 32 begins (a third of all reads beside a busy writer);
-    one probe begin that still gets N proves the copy was N's."""
+    """At durability "full" a writer keeps its meta page N+1 written but N+1
+    unpublished for a whole device flush, and a read begun then (id N) sees a
+    meta page newer than its id. Re-beginning until N+1 is published cost such
+    a read begin after begin for the rest of the flush (and beside a busy
+    writer many reads begin during one); one probe begin that still gets N
+    proves the copy was N's."""
     store = LMDBStore(str(tmp_path / "s"))
     with store.write() as txn:
         txn.put(b"k", b"v")
@@ -294,7 +295,7 @@ def test_a_read_during_another_commits_meta_flush_begins_once_more(tmp_path: Pat
 
 def test_last_txnid_is_lmdbs_newest_meta_page(tmp_path: Path) -> None:
     """_Env.last_txnid reads the meta pages itself (env.info() releases the
-    GIL, issue #13); it must agree with LMDB, in this process and another's."""
+    GIL); it must agree with LMDB, in this process and another's."""
     path = str(tmp_path / "s")
     store = LMDBStore(path)
     reader = CTX.Process(target=_commit_one, args=(path,))
@@ -312,7 +313,7 @@ def test_last_txnid_is_lmdbs_newest_meta_page(tmp_path: Path) -> None:
 def test_a_read_does_not_call_env_info(tmp_path: Path) -> None:
     """py-lmdb's env.info() releases the GIL: an event loop reading inline
     (KVSaver.aget_tuple) then waited up to a switch interval for it at every
-    read while worker threads serialized (issue #13, worst loop lag)."""
+    read while worker threads serialized: the loop's worst lag."""
     store = LMDBStore(str(tmp_path / "s"))
     with store.write() as txn:
         txn.put(b"k", b"v")
@@ -343,7 +344,7 @@ def _without_env_info(store: LMDBStore, where: str) -> Iterator[None]:
 
 def test_used_by_meta_is_lmdbs_last_page(tmp_path: Path) -> None:
     """_Env.used_by_meta reads the pages in use from the meta pages (every
-    write asked env.info(), which releases the GIL; issue #13, 8 writer
+    write asked env.info(), which releases the GIL to the other writer
     threads); it must agree with LMDB, in this process and after another's
     commit, as the store grows."""
     path = str(tmp_path / "s")
@@ -371,7 +372,7 @@ def test_a_write_does_not_call_env_info(tmp_path: Path) -> None:
     """A write transaction's zero-ahead check asked env.info() for the pages
     in use at every write; info() releases the GIL, so a group-commit leader
     gave it to the writer threads preparing their next request and waited to
-    get it back (issue #13). Now only when zeroing is due (the headroom
+    get it back. Now only when zeroing is due (the headroom
     check: see the next test)."""
     store = LMDBStore(str(tmp_path / "s"))
     with store.write() as txn:  # zeroes ahead, and leaves headroom checks off a while
@@ -388,7 +389,7 @@ def test_a_write_does_not_call_env_info(tmp_path: Path) -> None:
 def test_the_headroom_check_does_not_call_env_info(tmp_path: Path) -> None:
     """With a quarter to a half of the map in use (nearly always, right after
     the map doubled), the headroom check ran at every write and asked
-    env.info(), which releases the GIL (issue #13). It reads the meta pages
+    env.info(), which releases the GIL. It reads the meta pages
     and the map size kept by set_mapsize instead, and still grows the map
     before more than half of it is in use."""
     store = LMDBStore(str(tmp_path / "s"), map_size=1 << 20)
@@ -414,9 +415,9 @@ def test_reads_and_writes_do_not_call_getpid(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The fork check of every read and write compared the environment's
-    process id with os.getpid(), a system call: 3% of the GIL time of 8
-    writer threads (issue #13). The id is kept by the after-fork hook, which
-    the fork tests here check works."""
+    process id with os.getpid(), a system call on the path of every
+    transaction, made with the GIL held. The id is kept by the after-fork
+    hook, which the fork tests here check works."""
     store = LMDBStore(str(tmp_path / "s"))
     with store.write() as txn:
         txn.put(b"k", b"v")

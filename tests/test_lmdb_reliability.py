@@ -1,4 +1,4 @@
-"""LMDBStore under the failures of issue #11: interrupts inside a write, a reader
+"""LMDBStore under failures: interrupts inside a write, a reader
 killed mid-read, a store directory deleted under an open handle, damaged files,
 and stores created by two processes at once.
 
@@ -192,7 +192,7 @@ print(interrupted, completed, len(helper_done), sum(victim_hits))
 def test_interrupts_anywhere_in_writes_never_hang_later_writes(
     tmp_path: Path, durability: str
 ) -> None:
-    """Issue #11.1: a KeyboardInterrupt raised from a timer at random moments of
+    """A KeyboardInterrupt raised from a timer at random moments of
     many puts and writes (while two threads commit through transact(), often in
     a batch the interrupted thread leads), and KeyboardInterrupts raised
     asynchronously in two more writing threads. Then writes from another
@@ -254,11 +254,12 @@ def _churn(saver: Any, rounds: int) -> None:
 def test_a_reader_killed_mid_read_does_not_make_the_store_grow(
     tmp_path: Path, durability: str, max_size: int | None
 ) -> None:
-    """Issue #11.2: the killed reader's slot pins its snapshot, so no page
-    freed after it could be reused, until the writer clears dead readers: 40
-    rounds of 1 MB put + delete_thread took 43 MB (or StoreFullError under a
-    16 MB cap). The writer checks as the file grows (every write where commits
-    sync, every 16 writes otherwise) and before refusing a write at the cap."""
+    """The killed reader's slot pins its snapshot, so no page freed after it
+    could be reused, until the writer clears dead readers: 40 rounds of 1 MB
+    put + delete_thread grew the file by about their whole size (or ended in
+    StoreFullError under a 16 MB cap). The writer checks as the file grows
+    (every write where commits sync, every 16 writes otherwise) and before
+    refusing a write at the cap."""
     from kvsaver import KVSaver
 
     path = tmp_path / "s"
@@ -297,7 +298,7 @@ def _put(saver: Any, thread: str, value: Any = None) -> None:
 
 @pytest.mark.parametrize("old_use", ["after", "never"])
 def test_rmtree_and_reopen_in_one_process_gives_a_fresh_store(tmp_path: Path, old_use: str) -> None:
-    """Issue #11.3: with an old saver still open, ``rmtree(path); KVSaver(path)``
+    """With an old saver still open, ``rmtree(path); KVSaver(path)``
     reused the process's environment on the deleted files: the new saver saw
     the deleted thread and its writes went nowhere."""
     import shutil
@@ -375,7 +376,7 @@ def _assert_refused(path: Path, data: Path) -> None:
 
 
 def test_a_truncated_data_file_is_corrupt_not_a_crash(tmp_path: Path) -> None:
-    """Issue #11.4: a truncated data.mdb killed the process with SIGBUS, for
+    """A truncated data.mdb killed the process with SIGBUS, for
     writable and read-only opens, ``tools.storage stats`` and ``compact``."""
     path = tmp_path / "s"
     data = _store_with_data(path)

@@ -1,4 +1,4 @@
-"""saver/messages.py: the fast ext hook builds the same objects as the stock one (issue #15)."""
+"""saver/messages.py: the fast ext hook builds the same objects as the stock one."""
 
 from __future__ import annotations
 

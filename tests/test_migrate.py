@@ -130,7 +130,7 @@ def test_real_graphs_migrate_verify_and_resume_identically(graphs_db, tmp_path):
 
 
 def test_migrate_to_a_postgres_url(graphs_db, tmp_path, postgres_url, capsys):
-    """Issue #14: python -m tools.migrate_from_sqlite SRC postgresql://... (verified)."""
+    """python -m tools.migrate_from_sqlite SRC postgresql://... (verified)."""
     from pg_helpers import fresh_database
 
     url = fresh_database(postgres_url)
@@ -188,7 +188,7 @@ def test_migrated_store_is_what_put_and_put_writes_make(graphs_db, tmp_path):
             # a migrated thread was not active now, so the migration leaves
             # that to retention, which dates such threads by their latest
             # checkpoint's ts (saver/retention.py). Everything else is equal.
-            # Nor does it write head records (issue #13, saver/heads.py): a
+            # Nor does it write head records (saver/heads.py): a
             # thread's head is made at its next put; reads before that are
             # served by the blobs (test_migrated_threads_read_without_heads).
             stamped = (pack((S.ACTIVITY,)), pack((S.IDLE,)), pack((S.HEAD,)))
@@ -569,7 +569,7 @@ def _pickled_source(path: str, *, checkpoint: bool = True) -> int:
 @pytest.mark.parametrize("checkpoint", [False, True], ids=["write", "write+checkpoint"])
 @pytest.mark.parametrize("verify_", [True, False])
 def test_pickled_source_values_are_refused_up_front(tmp_path, verify_, checkpoint):
-    """Issue #11: small pickled writes were copied as they were, type "pickle",
+    """Small pickled writes were copied as they were, type "pickle",
     which KVSaver cannot read: verify=False reported success, verify=True
     ended in an uncaught NotImplementedError."""
     source = str(tmp_path / "pickled.sqlite")
@@ -666,7 +666,7 @@ def test_progress_bar_on_a_terminal_and_plain_lines_elsewhere():
     assert unknown.getvalue().count("\n") == 1
 
 
-# -- Ctrl-C (issue #11) ------------------------------------------------------------------
+# -- Ctrl-C ----------------------------------------------------------------------------
 
 
 def _ctrl_c_inside_a_hook(armed: list[bool]) -> JsonPlusSerializer:
@@ -785,7 +785,7 @@ def test_ctrl_c_in_the_tool_exits_130_and_rerun_resumes(tmp_path, capsys, phase)
     assert f"verified     {total:,} checkpoints" in out
 
 
-# -- stored data that names code to run (issue #11) ---------------------------------------
+# -- stored data that names code to run ------------------------------------------------
 
 
 def test_verification_never_runs_code_named_in_stored_data(tmp_path):
@@ -811,7 +811,7 @@ def test_verification_never_runs_code_named_in_stored_data(tmp_path):
 def test_one_encrypted_serializer_for_source_and_destination(tmp_path):
     """Writes copied as they are when the source's serializer is the
     destination's very object are stored bytes already (encrypted): they are
-    not compressed or encrypted again (issue #15's small-value compression)."""
+    not compressed or encrypted again (by the small-value compression)."""
     from kvsaver import CompressingSerializer
 
     serde = EncryptedSerializer.from_pycryptodome_aes(key=b"0123456789abcdef")

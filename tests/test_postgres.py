@@ -1,4 +1,4 @@
-"""PostgresStore beyond the shared store suite (issue #14): round trips per
+"""PostgresStore beyond the shared store suite: round trips per
 operation, retries on conflicts, faults (a killed session, a statement
 timeout, a server restart under a running writer), two processes as two
 machines, and the schema record. On the session's throwaway cluster
@@ -175,7 +175,7 @@ def test_round_trips_per_operation(postgres_url: str, table: str) -> None:
         held, failed = saver.store.speculations
         assert failed == 0 and held >= 20
         # Reads are named prepared statements, parsed once per connection:
-        # executed by name from then on (planning each cost the server ~150 us).
+        # executed by name from then on, so the server plans each only once.
         for read in (lambda: saver.get_tuple(latest), lambda: list(saver.list(latest, limit=3))):
             read()
             traced.count(read)
@@ -246,7 +246,7 @@ def test_every_put_of_a_chat_is_one_round_trip_long_steps_included(
     """A list's delta chain takes a long step every 8th version (it extends
     the version 8 back, saver/delta.py), found by walking the versions
     between: they were read with a scan, a second round trip at every 8th
-    put on PostgreSQL (issue #14). Now the put reads them with its other
+    put on PostgreSQL. Now the put reads them with its other
     reads (from the speculation cache when this process wrote them): every
     put is one round trip, and the records are the ones a local store gets."""
     from kvsaver import delta
@@ -414,9 +414,9 @@ def test_no_statement_of_a_put_or_a_read_scans_the_whole_table(
     of the whole table is the planner's guess for ``key = ANY($1)`` (it
     assumes 10 keys): every statement of a put, a put_writes and a read
     looks keys up in the index. Before, get_many and the write statement
-    (its DELETE of no key) scanned the table at every call (~150 us of the
-    server's time per put at 450 rows, more until the table grew past a
-    few thousand). A few deleted keys are a statement each; only a
+    (its DELETE of no key) scanned the table at every call, costing the
+    server time at every put until the table grew past a few thousand
+    rows. A few deleted keys are a statement each; only a
     transaction that deletes more uses ``key = ANY`` (``delete_many``),
     left so."""
     store = PostgresStore(postgres_url, table=table)

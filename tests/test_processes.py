@@ -1,4 +1,4 @@
-"""Many processes on one directory, read-only readers, and fork (issue #4).
+"""Many processes on one directory, read-only readers, and fork.
 
 Real processes (spawn, except where fork is what is tested), several threads
 in each, one store. Readers must only ever see whole checkpoints, no
@@ -337,7 +337,7 @@ def test_fork_during_a_long_read_gives_the_child_a_clear_error(
 
 
 def test_file_backend_fork_keeps_every_acknowledged_put(tmp_path: Path) -> None:
-    """Issue #11.5: with backend="file", forked children inherited the writer's
+    """With backend="file", forked children inherited the writer's
     lock, and each process rewrote the whole file from its own copy at every
     commit, so puts acknowledged in one process vanished. Here a fork Pool's
     workers (two threads each) and a thread of the parent put at the same
@@ -393,7 +393,7 @@ def test_file_backend_fork_keeps_every_acknowledged_put(tmp_path: Path) -> None:
 
 
 def test_async_calls_in_a_forked_child_after_the_parent_made_its_pool(tmp_path: Path) -> None:
-    """Issue #13: async calls run in the saver's own thread pool, made at the
+    """Async calls run in the saver's own thread pool, made at the
     first one. A child forked after that has the pool object but none of its
     threads: its async calls get a pool of their own instead of waiting
     forever on the parent's."""

@@ -1,4 +1,4 @@
-"""Retention (issue #7): keep the last N checkpoints, TTL sweeps, opportunistic
+"""Retention: keep the last N checkpoints, TTL sweeps, opportunistic
 bounded sweeps on put; never breaking what LangGraph needs to continue a
 thread (the latest checkpoint and its writes, an unanswered interrupt, the
 ancestors a DeltaChannel rebuilds from). Time is a fake clock, never a sleep."""
@@ -166,7 +166,7 @@ def test_keep_last_keeps_n_per_thread_and_the_thread_continues() -> None:
     used = set()
     for t in saver.list(None):
         used |= set(t.checkpoint["channel_versions"].items())
-        # a version without a value has no record (issue #15); a small value
+        # a version without a value has no record; a small value
         # has none either, it is in the checkpoint's record (format 6)
         empty = set(t.checkpoint["channel_versions"].items()) - blobs
         values = t.checkpoint["channel_values"]

@@ -190,8 +190,8 @@ def test_put_writes_blobs_only_for_new_versions(kv: KVSaver) -> None:
     # No new version at all: no blob at all.
     kv.put(config("t", "", "2"), make_checkpoint("3", {**values, "b": [4]}, v2), {}, {})
     assert len(blob_keys(kv)) == 4
-    # A channel in new_versions without a value gets no record (before issue
-    # #15: the "empty" marker), and reads back as absent (as InMemorySaver's
+    # A channel in new_versions without a value gets no record (before format
+    # 4: the "empty" marker), and reads back as absent (as InMemorySaver's
     # "empty" blobs do).
     v4 = {**v2, "c": ver(2)}
     kv.put(
@@ -258,7 +258,7 @@ def test_pending_writes_follow_writes_sort_key(kv: KVSaver) -> None:
 
 
 def test_list_gives_each_checkpoint_its_own_writes(kv: KVSaver) -> None:
-    """Issue #13: list() reads the pending writes of a page of consecutive
+    """list() reads the pending writes of a page of consecutive
     checkpoints by one scan. Each checkpoint gets exactly its own, as
     get_tuple gives them: ids whose key element is a prefix of another's
     ("a" and "a\\x00b": an escaped NUL), an id long enough for a surrogate
@@ -294,7 +294,7 @@ def test_list_gives_each_checkpoint_its_own_writes(kv: KVSaver) -> None:
 
 
 def test_checkpoint_tuple_fields_are_in_the_order_load_tuple_builds_them() -> None:
-    # Issue #13: KVSaver._load_tuple builds CheckpointTuple positionally.
+    # KVSaver._load_tuple builds CheckpointTuple positionally, for speed.
     from langgraph.checkpoint.base import CheckpointTuple
 
     assert CheckpointTuple._fields == (
@@ -759,7 +759,7 @@ def test_index_keys_are_the_keys_of_each_index(
 def test_memoized_checkpoint_and_blob_keys_are_the_packed_tuples(
     thread: str, ns: str, cid: str, channels: list[str]
 ) -> None:
-    # Issue #13: the (keyspace, thread, ns) prefix is packed once and reused.
+    # The (keyspace, thread, ns) prefix is packed once and reused.
     for _ in range(2):  # the second time from the memo
         assert S.checkpoint_key(thread, ns, cid) == pack(
             (S.CHECKPOINT, S.k(thread), S.k(ns), S.k(cid))
@@ -788,7 +788,7 @@ _versions = (
 def test_keys_built_from_parts_are_the_packed_tuples(
     thread: str, ns: str, channel: str, version: Any, task: str, cid: str
 ) -> None:
-    # Issue #13: put's keys are built from memoized parts and, for plain ASCII
+    # Put's keys are built from memoized parts and, for plain ASCII
     # ids and versions, encoded directly; the bytes must be pack()'s exactly.
     packed = pack((S.BLOB, S.k(thread), S.k(ns), S.k(channel), S._ver(version)))
     for _ in range(2):  # the second time from the memo
@@ -808,7 +808,7 @@ _ids = st.text(st.sampled_from(["a", "\x00", "é", "😀", "\ud800", "0", ".", "
 def test_fast_key_builders_equal_the_schema_tuples(
     thread: str, ns: str, channel: str, version: Any, checkpoint_id: str
 ) -> None:
-    """The read path's memoized and one-step key builders (issue #13) give
+    """The read path's memoized and one-step key builders give
     the bytes of the schema's tuples exactly, on a cold and a warm cache:
     hostile ids, lone surrogates, ids long enough for surrogate keys."""
     for _ in range(2):  # cold, then warm

@@ -235,7 +235,7 @@ class SaverComparison(RuleBasedStateMachine):
         thread, ns, cid = targets[pick % len(targets)]
         conf = config(thread, ns, cid)
         # Mostly the task's own path; sometimes another one: a task id is one
-        # task whatever its path (issue #12.1).
+        # task whatever its path, as in SqliteSaver.
         path = TASKS[task_id] if own_path else other_path
         self.both("put_writes", lambda s: s.put_writes(conf, writes, task_id, path))
         if repeat:
@@ -480,8 +480,8 @@ test_kvsaver_on_postgres_matches_sqlitesaver = SaverComparisonPostgres.TestCase
 
 
 class SaverComparisonHeads(SaverComparison):
-    """The same machine against ``KVSaver(dir, whole_latest=True)`` (issue
-    #13's head records), with the latest checkpoint of every (thread, ns) the
+    """The same machine against ``KVSaver(dir, whole_latest=True)`` (its head
+    records), with the latest checkpoint of every (thread, ns) the
     model has touched compared after every step: a head left stale by a
     delete, a prune, a copy, an older put or a child put would be served
     there. Fewer examples: each step reads every thread."""

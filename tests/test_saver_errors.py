@@ -227,7 +227,7 @@ async def test_bare_string_ids_async(kv: KVSaver) -> None:
     assert kv.get_tuple(config("t")) is not None
 
 
-# -- ids that are not text (issue #11) ------------------------------------------------
+# -- ids that are not text -------------------------------------------------------------
 
 SURROGATE = "a\ud800b"  # a lone surrogate: a valid Python str that UTF-8 cannot encode
 

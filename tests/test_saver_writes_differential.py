@@ -1,4 +1,4 @@
-"""Pending writes against SqliteSaver: identity, replace/ignore, order (issue #12.1).
+"""Pending writes against SqliteSaver: identity, replace/ignore, order.
 
 SqliteSaver identifies a pending write by (thread, ns, checkpoint, task_id,
 idx), with idx = WRITES_IDX_MAP.get(channel, position): ``task_path`` is
@@ -178,7 +178,7 @@ def test_pending_writes_match_sqlitesaver(sequence: list[tuple]) -> None:
 
 
 def test_issue_example_one_task_two_paths() -> None:
-    """The issue's example: the same task id under two task paths is one
+    """The same task id under two task paths is one
     task's writes, (task_id, idx) their identity: 2 writes, as SqliteSaver."""
     pair = Pair()
     try:

@@ -1,4 +1,4 @@
-"""Storage (issue #7): stats, disk usage, offline compaction and its refusal
+"""Storage: stats, disk usage, offline compaction and its refusal
 while the store is open elsewhere, and the ``tools.storage`` command line."""
 
 from __future__ import annotations
@@ -348,7 +348,7 @@ def test_command_line_stats_sweep_compact(
 def test_command_line_on_a_postgres_url(
     postgres_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Issue #14: stats, sweep and compact (VACUUM / VACUUM FULL) on a URL."""
+    """Stats, sweep and compact (VACUUM / VACUUM FULL) on a PostgreSQL URL."""
     from pg_helpers import fresh_database
 
     url = fresh_database(postgres_url)
@@ -431,7 +431,7 @@ def test_threads_of_a_forked_child_wait_for_the_reopen(
 def test_tools_never_run_code_named_in_stored_data(
     tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Issue #11: LangGraph's default serializer imports and calls what stored
+    """LangGraph's default serializer imports and calls what stored
     data names. stats and compact decode no value; sweep decodes checkpoints
     and metadata, in strict msgpack mode; none of them runs the planted call."""
     path = str(tmp_path / "store")

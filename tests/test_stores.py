@@ -401,7 +401,7 @@ def test_get_put_delete(store: Any) -> None:
 
 @pytest.mark.parametrize("keys", KEY_SETS.values(), ids=KEY_SETS.keys())
 def test_get_many_and_scan_with_a_limit(store: Any, keys: list[bytes]) -> None:
-    """The batched operations (issue #14): get_many is [get(k) for k in keys]
+    """The batched operations: get_many is [get(k) for k in keys]
     (order kept, repeats and missing keys included); scan(limit=n) is the
     first n pairs of the same scan, in both directions, in read and write
     transactions (there over the transaction's own changes too)."""
@@ -734,7 +734,7 @@ def test_lmdb_gathering_leader_is_woken_by_the_request_that_fills_its_batch(
     """A leader waiting for its batch to fill is woken by the request that
     fills it; it does not poll. Each poll (a sleep, then a look at the queue)
     gave the GIL to the writer threads preparing their requests and waited to
-    get it back, on the path of every batch (issue #13, 8 writer threads)."""
+    get it back, on the path of every batch."""
     store = LMDBStore(str(tmp_path / "g"))
     env = store._env
     sizes = batch_sizes(store)
@@ -773,8 +773,8 @@ def test_lmdb_gathering_leader_waits_for_company_as_long_as_a_commit(
 ) -> None:
     """A request that misses a batch waits for the whole next commit anyway,
     so the leader waits for it up to a commit's time, not half of one: with
-    half, a batch of 8 writer threads went short by one or two about every
-    other time, each straggler then costing a flush (issue #13). Only a lower
+    half, batches of many writer threads often went short by a request or
+    two, each straggler then costing a flush. Only a lower
     bound is checked: a timed wait never ends early."""
     store = LMDBStore(str(tmp_path / "g"))
     env = store._env
@@ -1341,7 +1341,7 @@ def test_file_path_that_is_a_directory(tmp_path: Path) -> None:
 
 
 def test_file_two_writers_and_readers_see_each_other(tmp_path: Path) -> None:
-    """Issue #11.5: writers in several processes (or one, twice) each take the
+    """Writers in several processes (or one, twice) each take the
     lock per transaction and read the other's commits first; nothing is lost,
     and a reader sees every commit made before its transaction began."""
     path = tmp_path / "s.kvs"
@@ -1369,7 +1369,7 @@ def test_file_two_writers_and_readers_see_each_other(tmp_path: Path) -> None:
 
 
 def test_file_commit_does_not_follow_a_planted_symlink(tmp_path: Path) -> None:
-    """Issue #11: the temp file was "<path>.tmp.<pid>", opened following
+    """The temp file was "<path>.tmp.<pid>", opened following
     symlinks, so a planted link redirected the whole store elsewhere."""
     path = tmp_path / "s.kvs"
     store = FileStore(path)

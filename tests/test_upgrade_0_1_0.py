@@ -1,4 +1,4 @@
-"""Stores written by kvsaver 0.1.0 (format 1) open and read correctly (issue #12.1).
+"""Stores written by kvsaver 0.1.0 (format 1) open and read correctly.
 
 The fixtures in tests/data were made by the 0.1.0 code itself (commit
 2ddca5a; see tests/data/make_store_0_1_0.py for how, and what they hold):

@@ -21,7 +21,7 @@ It writes, in the given directory:
 Both stores hold two threads (one id too long for a key, so stored through
 its surrogate) with two namespaces each, parent chains, a compressed value,
 pending writes of regular and special channels (ERROR, INTERRUPT, RESUME,
-SCHEDULED), retries, and the case of issue #12.1: one task id under two
+SCHEDULED), retries, and one task id under two
 task paths (with regular writes, with special ones, and with a task id and
 a task path too long for a key). The collisions are arranged so that the
 upgrade rule (of two old writes with the same (task_id, idx), keep the one
