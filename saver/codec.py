@@ -669,18 +669,18 @@ def codec(serde: SerializerProtocol) -> Codec:
     try:
         weakref.ref(serde)
     except TypeError:
-        c = Codec(serde)
-        c.enabled = False
-        return c
+        alone = Codec(serde)
+        alone.enabled = False
+        return alone
     ref = _CODECS.get(id(serde))
-    c = ref() if ref is not None else None
-    if c is not None and c.serde is serde:
-        return c
+    hit = ref() if ref is not None else None
+    if hit is not None and hit.serde is serde:
+        return hit
     with _CODECS_LOCK:
         ref = _CODECS.get(id(serde))
-        c = ref() if ref is not None else None
-        if c is not None and c.serde is serde:
-            return c
+        hit = ref() if ref is not None else None
+        if hit is not None and hit.serde is serde:
+            return hit
         c = Codec(serde)
         key = id(serde)
         _CODECS[key] = weakref.ref(c, functools.partial(_forget, key))

@@ -1,4 +1,4 @@
-"""Head records (issue #13, saver/heads.py): a thread's newest checkpoint
+"""Head records (saver/heads.py, saver/whole/): a thread's newest checkpoint
 whole in one record, read by get_tuple instead of its blobs; written by
 every put with ``whole_latest=True``, once the thread is left alone with
 ``"idle"`` (the default), never with False.

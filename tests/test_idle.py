@@ -1,5 +1,5 @@
 """saver/whole/idle.py: work for a key once it is left alone (the heads of idle
-threads, issue #13). No assertion on time: waits are bounded polls."""
+threads). No assertion on time: waits are bounded polls."""
 
 from __future__ import annotations
 
