@@ -36,3 +36,10 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
     from _workloads import machine
 
     machine_info["kvsaver_bench"] = machine()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # An area may run for minutes (the storage area's 200 turns): the tests'
+    # timeout would cut it short, raising inside whatever call it lands in.
+    for item in items:
+        item.add_marker(pytest.mark.timeout(1800))
