@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import random
+import shutil
 import sqlite3
 import struct
 import subprocess
@@ -81,6 +82,20 @@ def close_saver(saver: Any) -> None:
         saver.close()
     elif isinstance(saver, SqliteSaver):
         saver.conn.close()
+
+
+def stores_per_saver(
+    tmp_path_factory: Any, prefix: str, names: Any, build: Callable[[str, str], Any]
+) -> Iterator[dict[str, Any]]:
+    """A module fixture's body: ``build(name, directory)`` for each saver
+    name, each in a fresh directory; afterwards each store's saver closed
+    and its directory removed."""
+    dirs = {name: str(tmp_path_factory.mktemp(f"{prefix}-{name}")) for name in names}
+    built = {name: build(name, d) for name, d in dirs.items()}
+    yield built
+    for name, st in built.items():
+        close_saver(st.saver)
+        shutil.rmtree(dirs[name], ignore_errors=True)
 
 
 def disk_bytes(path: str) -> int:

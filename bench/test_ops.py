@@ -33,7 +33,6 @@ saver's own put/put_writes without fsync, then reopened with the defaults.
 from __future__ import annotations
 
 import itertools
-import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -60,6 +59,7 @@ from _workloads import (
     record,
     run_puts,
     serialize_put,
+    stores_per_saver,
     target,
     task_id,
     us,
@@ -185,12 +185,9 @@ def test_write_floor(benchmark: Any, tmp_path: Any, workload: str) -> None:
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory: Any) -> Any:
-    dirs = {name: str(tmp_path_factory.mktemp(f"ops-{name}")) for name in SAVERS}
-    built = {name: build_read_store(name, d, READ_THREADS) for name, d in dirs.items()}
-    yield built
-    for name, rs in built.items():
-        close_saver(rs.saver)
-        shutil.rmtree(dirs[name], ignore_errors=True)
+    yield from stores_per_saver(
+        tmp_path_factory, "ops", SAVERS, lambda name, d: build_read_store(name, d, READ_THREADS)
+    )
 
 
 def _delete_step(rs: ReadStore) -> Callable[[], Any]:

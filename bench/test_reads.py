@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import gc
 import json
-import shutil
 from collections.abc import Callable
 from typing import Any
 
@@ -58,6 +57,7 @@ from _workloads import (
     paired_rounds,
     pick,
     record,
+    stores_per_saver,
     target,
     us,
     x_of,
@@ -100,12 +100,9 @@ WIDE: dict[str, tuple[Callable[[WideStore, int], Any], int, int, float]] = {
 
 @pytest.fixture(scope="module")
 def wide(tmp_path_factory: Any) -> Any:
-    dirs = {name: str(tmp_path_factory.mktemp(f"wide-{name}")) for name in WIDE_SAVERS}
-    built = {name: build_wide_store(name, d, THREADS) for name, d in dirs.items()}
-    yield built
-    for name, st in built.items():
-        close_saver(st.saver)
-        shutil.rmtree(dirs[name], ignore_errors=True)
+    yield from stores_per_saver(
+        tmp_path_factory, "wide", WIDE_SAVERS, lambda name, d: build_wide_store(name, d, THREADS)
+    )
 
 
 @pytest.mark.parametrize("workload", list(WIDE))

@@ -588,10 +588,10 @@ def test_put_over_a_stored_version_keeps_the_others() -> None:
 
 
 def test_an_unhashable_serializer_gets_deltas_and_one_without_attributes_works() -> None:
-    """``delta.codec`` keeps a serializer's codec on the serializer object:
-    an unhashable one gets deltas like any other; one that takes no
-    attributes (``__slots__``) has no cache to find a base in, and its
-    values are stored whole."""
+    """``delta.codec`` finds a serializer's codec by the serializer's
+    identity: an unhashable one gets deltas like any other; one that cannot
+    be weakly referenced (``__slots__``) gets a new codec at each call, with
+    no cache to find a base in, and its values are stored whole."""
 
     class Unhashable(EncryptedSerializer):
         __hash__ = None  # type: ignore[assignment]
@@ -874,9 +874,9 @@ def test_a_version_without_a_value_stores_no_record() -> None:
 
 
 def test_a_closed_saver_leaves_no_codec_or_serializer_behind() -> None:
-    """Each serializer carries its codec: a codecs-by-serializer dictionary
-    kept every codec (which refers to its serializer, and so kept it too)
-    with its caches alive after the saver was gone."""
+    """A serializer's codec lives as long as its holder (the saver): the map
+    that finds a serializer's codec holds codecs weakly, so neither the codec
+    and its caches nor the serializer it holds outlive the saver."""
     import copy
     import gc
     import weakref
