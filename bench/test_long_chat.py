@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import Annotated, Any, TypedDict
 
 import pytest
-from _workloads import disk_bytes, label, pick, record, target
+from _workloads import disk_bytes, label, pick, record, rotated, target
 from _workloads import zipf_text as text
 from kvsaver import KVSaver
 from langchain_core.messages import AIMessage, HumanMessage
@@ -159,8 +159,7 @@ def run(
             cfg: RunnableConfig = {"configurable": {"thread_id": th}}
             inp = {"messages": [HumanMessage(humans[th, turn], id=f"h-{turn}")]}
             rotation += 1
-            for i in range(len(names)):
-                n = names[(rotation + i) % len(names)]
+            for n in rotated(names, rotation):
                 graphs[n].invoke(inp, cfg, durability="sync")
         done = turn + 1
         if progress is not None and (done % 20 == 0 or done == turns):

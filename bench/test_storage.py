@@ -41,7 +41,17 @@ import time
 from typing import Any
 
 import zstandard
-from _workloads import SaverClock, disk_bytes, label, metric_rows, pick, record, target, zipf_text
+from _workloads import (
+    SaverClock,
+    disk_bytes,
+    label,
+    metric_rows,
+    pick,
+    record,
+    rotated,
+    target,
+    zipf_text,
+)
 from kvsaver import KVSaver, Retention
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
@@ -115,8 +125,7 @@ def run(threads: int, turns: int, workdir: str) -> dict[str, Any]:
             cfg: RunnableConfig = {"configurable": {"thread_id": th}}
             inp = {"messages": [HumanMessage(humans[th, turn], id=f"h-{turn}")]}
             rotation += 1
-            for i in range(len(names)):
-                name = names[(rotation + i) % len(names)]
+            for name in rotated(names, rotation):
                 in_saver = clocks[name].total
                 t0 = time.perf_counter()
                 graphs[name].invoke(inp, cfg, durability="sync")

@@ -28,10 +28,10 @@ name                                      used by
 Two are read inline where a call per value would cost the hot path, and
 are named here only: ``__pydantic_extra__`` in ``elements._fingerprints``
 and the validator's ``validate_python`` in ``messages.fast_hook`` (per
-message decoded). Outside the fast paths, ``saver/migrate.py`` reads
-``_custom_unpack_ext_hook`` and ``_allowed_msgpack_modules`` itself, and
-``tools/sources.py`` imports ``_msgpack``'s safe lists (it fails loudly if
-they go).
+message decoded). Outside the fast paths, the migration's strict reads
+(``migrate.common``) use ``custom_ext_hook`` and ``msgpack_policy``
+(``_allowed_msgpack_modules``), and ``tools/sources.py`` imports
+``_msgpack``'s safe lists (it fails loudly if they go).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ __all__ = [
     "decorators",
     "msgpack_enc",
     "msgpack_option",
+    "msgpack_policy",
     "stock_ext_hook",
     "validator",
 ]
@@ -72,6 +73,13 @@ def custom_ext_hook(serde: Any) -> bool:
     """Whether the hook is the user's own (``__unpack_ext_hook__``); True
     when the serializer does not say."""
     return bool(getattr(serde, "_custom_unpack_ext_hook", True))
+
+
+def msgpack_policy(serde: Any) -> Any:
+    """A ``JsonPlusSerializer``'s msgpack policy: True permissive (the default
+    unless LANGGRAPH_STRICT_MSGPACK is set), None strict, a set an allowlist;
+    False when the serializer does not say."""
+    return getattr(serde, "_allowed_msgpack_modules", False)
 
 
 def decorators(cls: type) -> Any:

@@ -2,7 +2,7 @@
 
 A façade: each method checks its arguments, then calls the mechanism that
 does the work: ``backends`` (what a path opens), ``reads`` (a stored record
--> CheckpointTuple), ``listing`` (``list``'s chunks), ``records`` (a
+-> CheckpointTuple), ``listing`` (``list``'s chunks), ``writes`` (a
 checkpoint's records written), ``whole`` (head records), ``threads``
 (range operations), ``retention``, ``pool`` (the async calls' threads).
 Uses only the ``Store`` protocol and the key/record formats of
@@ -51,12 +51,10 @@ from .backends import DONE, Done, Opening, OptionError
 from .ids import as_id, config_of, id_list, thread_ns
 from .pool import Pool
 from .reads import Reads
-from .whole import IDLE_SECONDS, MARK_SECONDS, WANT_AFTER, WANTED_SECONDS, Heads  # noqa: F401
+from .whole import Heads
 from .writes import task_writes, write_checkpoint
 
 __all__ = ["KVSaver", "OptionError"]
-# (IDLE_SECONDS ... WANTED_SECONDS: the head records' timings, ``whole``'s,
-# importable from here as they were before)
 
 T = TypeVar("T")
 # The threads of a saver's async calls on a local store (see _run).

@@ -25,7 +25,6 @@ import kvsaver.whole.hints as hints_mod
 import pytest
 from kvsaver import KVSaver
 from kvsaver import heads as H
-from kvsaver import kvsaver as K
 from kvsaver import schema as S
 from kvsaver import threads as TH
 from kvsaver import whole as W
@@ -60,7 +59,7 @@ def head_is_current(saver: KVSaver, thread: str, ns: str = "") -> bool:
 
 def read_often(saver: KVSaver, thread: str) -> None:
     """Reads of the latest, enough to mark a thread found without its head."""
-    for _ in range(K.WANT_AFTER):
+    for _ in range(W.WANT_AFTER):
         assert saver.get_tuple(config(thread)) is not None
 
 
@@ -181,7 +180,7 @@ def test_a_reader_in_another_process(tmp_path: Path) -> None:
             f"""
             from kvsaver import KVSaver
             with KVSaver({str(path)!r}, readonly=True) as r:
-                for _ in range({K.WANT_AFTER}):
+                for _ in range({W.WANT_AFTER}):
                     got = r.get_tuple({{"configurable": {{"thread_id": "t", "checkpoint_ns": ""}}}})
                     assert got.checkpoint["channel_values"]["b"] == "v1"
             """
@@ -222,7 +221,7 @@ def test_an_old_mark_is_let_go(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     with writer(path) as w, KVSaver(path) as r:
         put(w, "t", 1)
         read_often(r, "t")
-        now += K.WANTED_SECONDS + 1
+        now += W.WANTED_SECONDS + 1
         put(w, "t", 2)
         assert not head_is_current(w, "t")
 
@@ -289,18 +288,18 @@ def test_only_a_thread_read_often_is_marked(
         put(w, "t", 1)
         clock[0] += 10  # (r is another saver: w's idle thread, not r's, waits for "t")
         monkeypatch.setattr(r._heads.hints, "mark", marks.append)
-        for _ in range(K.WANT_AFTER - 1):  # polled: each read a window apart
+        for _ in range(W.WANT_AFTER - 1):  # polled: each read a window apart
             r.get_tuple(config("t"))
-            clock[0] += K.MARK_SECONDS + 0.1
+            clock[0] += W.MARK_SECONDS + 0.1
         assert marks == []
-        for _ in range(K.WANT_AFTER - 1):  # the poller's reads are not counted now
+        for _ in range(W.WANT_AFTER - 1):  # the poller's reads are not counted now
             r.get_tuple(config("t"))
         assert marks == []
-        for _ in range(2 * K.WANT_AFTER):  # read often: one mark per window
+        for _ in range(2 * W.WANT_AFTER):  # read often: one mark per window
             r.get_tuple(config("t"))
         assert marks == [S.head_key("t", "")]
-        clock[0] += K.MARK_SECONDS + 0.1  # and again in the next window
-        for _ in range(K.WANT_AFTER):
+        clock[0] += W.MARK_SECONDS + 0.1  # and again in the next window
+        for _ in range(W.WANT_AFTER):
             r.get_tuple(config("t"))
         assert marks == [S.head_key("t", "")] * 2
 

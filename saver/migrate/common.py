@@ -16,6 +16,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver, SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
+from .. import _upstream as U
 from ..compression import CompressingSerializer
 
 ProgressFn = Callable[[str, int, int], None]
@@ -91,11 +92,9 @@ def _strict_serde(serde: SerializerProtocol) -> SerializerProtocol | None:
     as its raw arguments instead of being imported and called."""
     comp = serde if isinstance(serde, CompressingSerializer) else None
     inner = comp.serde if comp is not None else serde
-    if type(inner) is not JsonPlusSerializer or getattr(inner, "_custom_unpack_ext_hook", True):
+    if type(inner) is not JsonPlusSerializer or U.custom_ext_hook(inner):
         return None  # not LangGraph's own decoding: the user's to decide
-    # LangGraph keeps the policy here: True = permissive (the default unless
-    # LANGGRAPH_STRICT_MSGPACK is set), None = strict, a set = an allowlist.
-    policy = getattr(inner, "_allowed_msgpack_modules", False)
+    policy = U.msgpack_policy(inner)
     if policy is None:
         return serde
     if policy is not True:
