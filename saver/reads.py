@@ -40,11 +40,18 @@ class Reads:
     # a format-1 store opened read-only: its write keys may repeat an identity
     legacy_writes = False
 
-    def __init__(self, serde: SerializerProtocol, codec: D.Codec, pipelined: bool) -> None:
+    def __init__(
+        self, serde: SerializerProtocol, codec: D.Codec, pipelined: bool, fast_paths: bool
+    ) -> None:
         self.serde = serde
-        self.loads: Callable[[S.Typed], Any] = C.loader(serde)
+        # ``fast_paths``: the loaders that take private names of LangGraph's
+        # and pydantic's (``_upstream``); else only public calls.
+        self.fast_paths = fast_paths
+        self.loads: Callable[[S.Typed], Any] = C.loader(serde, fast_paths)
         self.values = codec.values
-        self.fast = C.value_readers(serde)
+        self.fast = C.value_readers(serde, fast_paths)
+        # a head record's payload -> its value (None: no heads read)
+        self.plain = C.msgpack_loader(serde, fast_paths)
         self.pipelined = pipelined
         # (thread, ns) -> (id, channel_versions) of the last put here, on a
         # store that pipelines reads (``guess`` reads it).
@@ -55,7 +62,7 @@ class Reads:
     def for_codec(self, serde: SerializerProtocol, codec: D.Codec) -> Reads:
         """These reads for a ``with_allowlist`` clone's serializer (the same
         memo of the last puts)."""
-        clone = Reads(serde, codec, self.pipelined)
+        clone = Reads(serde, codec, self.pipelined, self.fast_paths)
         clone.legacy_writes, clone.last_put = self.legacy_writes, self.last_put
         return clone
 
