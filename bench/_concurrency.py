@@ -9,8 +9,8 @@ Processes are spawned (fresh interpreters), open the store themselves
 connection), and start together at a barrier; the first ``WARMUP`` seconds
 after it are not counted (as every benchmark here discards warm-up rounds:
 a KVSaver reader's first reads of the writer's threads find no head and
-mark them wanted, kv/hints.py, and the writer's puts of the next third of a
-second write them; ``BENCH_WARMUP=0`` counts that too).
+mark them wanted, saver/whole/hints.py, and the writer's puts of the next
+third of a second write them; ``BENCH_WARMUP=0`` counts that too).
 
 threaded_put_writes(): T Python threads sharing one saver object, each writing
 ``put_writes`` (3 writes) to its own thread id; the inputs are made ahead by

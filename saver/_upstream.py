@@ -2,7 +2,9 @@
 use, in one place. None of them is a documented API, so a release may rename
 or change any of them; each fast path then switches itself off (the values
 stay correct, only slower), which ``tests/test_upstream.py`` turns into a
-failing test, so an upgrade that does it is noticed.
+failing test, so an upgrade that does it is noticed. The fast paths are
+opt-in (``KVSaver(fast_paths=True)``): by default a saver takes none of
+these names and reads and writes through ``dumps_typed``/``loads_typed``.
 
 ========================================  ===================================
 name                                      used by
@@ -30,8 +32,10 @@ are named here only: ``__pydantic_extra__`` in ``elements._fingerprints``
 and the validator's ``validate_python`` in ``messages.fast_hook`` (per
 message decoded). Outside the fast paths, the migration's strict reads
 (``migrate.common``) use ``custom_ext_hook`` and ``msgpack_policy``
-(``_allowed_msgpack_modules``), and ``tools/sources.py`` imports
-``_msgpack``'s safe lists (it fails loudly if they go).
+(``_allowed_msgpack_modules``), whatever ``fast_paths`` says (no public API
+tells a serializer's msgpack policy; a test fails if they go), and
+``tools/sources.py`` imports ``_msgpack``'s safe lists (it fails loudly if
+they go).
 """
 
 from __future__ import annotations

@@ -87,7 +87,8 @@ class Codec(C.Stack):
         self.enabled = isinstance(self.inner, JsonPlusSerializer)
         # Lists serialized element by element, reusing the bytes of the
         # elements unchanged since the previous put (``elements``): only
-        # under JsonPlusSerializer's own ``dumps_typed``.
+        # under JsonPlusSerializer's own ``dumps_typed``, and used only by
+        # the puts of a saver with ``fast_paths`` (``prepare``'s ``reuse``).
         # The caches' memory follows the compression layer's ``cache_bytes``,
         # split among them in one place (``_lru.split``); 0 keeps none.
         budget = split(self.comp.cache_bytes if self.comp is not None else C.DEFAULT_CACHE_BYTES)

@@ -101,6 +101,7 @@ __all__ = [
     "Stack",
     "ValueReaders",
     "loader",
+    "msgpack_loader",
     "value_readers",
     "with_msgpack_allowlist",
     "wrap",
@@ -393,8 +394,10 @@ class CompressingSerializer(SerializerProtocol):
         )
 
 
-def loader(serde: SerializerProtocol) -> Callable[[tuple[str, bytes]], Any]:
-    """``serde.loads_typed``, or an equivalent that takes the default stack's
+def loader(
+    serde: SerializerProtocol, fast_paths: bool = True
+) -> Callable[[tuple[str, bytes]], Any]:
+    """``serde.loads_typed``; with ``fast_paths`` an equivalent that takes the default stack's
     layers in one call: a checkpoint read loads a dozen values, and each
     would go through this wrapper and ``JsonPlusSerializer.loads_typed`` (type
     checks, a tuple rebuilt) before reaching ``ormsgpack.unpackb``. For
@@ -403,10 +406,13 @@ def loader(serde: SerializerProtocol) -> Callable[[tuple[str, bytes]], Any]:
     way ``JsonPlusSerializer.loads_typed`` does it, with that serializer's
     own ext hook (which carries its msgpack allowlist); any other type, and
     any other serializer, goes through ``loads_typed``.
-    ``tests/test_compression.py`` checks the two agree."""
+    ``tests/test_compression.py`` checks the two agree. The fast path takes
+    private names of LangGraph's (``_upstream``): only with ``fast_paths``."""
     if not isinstance(serde, CompressingSerializer):
         return serde.loads_typed
     inner = serde.serde
+    if not fast_paths:
+        return _public_loader(serde) if type(inner) is JsonPlusSerializer else serde.loads_typed
     stock = U.stock_ext_hook(inner)
     if type(inner) is not JsonPlusSerializer or stock is None:
         return serde.loads_typed
@@ -441,6 +447,32 @@ def loader(serde: SerializerProtocol) -> Callable[[tuple[str, bytes]], Any]:
     return loads
 
 
+def _public_loader(serde: CompressingSerializer) -> Callable[[tuple[str, bytes]], Any]:
+    """``serde.loads_typed`` in one call through public calls only: this
+    module's own layer undone here (no wrapper call, no suffix parsing),
+    then the inner ``JsonPlusSerializer``'s ``loads_typed``."""
+    inner_loads, inflate, inflate_small, slow = (
+        serde.serde.loads_typed,
+        serde._inflate,
+        serde._inflate_small,
+        serde.loads_typed,
+    )
+    packed_type = "msgpack" + SUFFIX
+    small_type = "msgpack" + DICT_SUFFIX
+
+    def loads(data: tuple[str, bytes]) -> Any:
+        typ = data[0]
+        if typ == "msgpack":
+            return inner_loads(data)
+        if typ == packed_type:
+            return inner_loads(("msgpack", inflate(data[1])))
+        if typ == small_type:
+            return inner_loads(("msgpack", inflate_small(data[1])))
+        return slow(data)
+
+    return loads
+
+
 class ValueReaders(NamedTuple):
     """``loader``'s fast path in parts: msgpack bytes ``raw`` load as
     ``unpackb(raw, ext_hook=ext_hook, option=option)``, exactly as ``loads``
@@ -454,17 +486,38 @@ class ValueReaders(NamedTuple):
     inflate: Callable[[bytes], bytes]
 
 
-def value_readers(serde: SerializerProtocol) -> ValueReaders | None:
+def value_readers(serde: SerializerProtocol, fast_paths: bool = True) -> ValueReaders | None:
     """``loader(serde)``'s fast path in parts (``ValueReaders``), or None
-    when it has none. For a reader that finds the type in its own record (a
-    channel value's, ``delta.Codec.values``): it skips the (type, bytes)
-    tuple, a call and the type switch per value, a dozen per checkpoint
-    read."""
+    when it has none (always without ``fast_paths``). For a reader that
+    finds the type in its own record (a channel value's,
+    ``delta.Codec.values``): it skips the (type, bytes) tuple, a call and
+    the type switch per value, a dozen per checkpoint read."""
+    if not fast_paths:
+        return None
     loads = loader(serde)
     fast = serde._loader if isinstance(serde, CompressingSerializer) else None
     if fast is None or fast[1] is not loads:
         return None
     return fast[2]
+
+
+def msgpack_loader(
+    serde: SerializerProtocol, fast_paths: bool
+) -> Callable[[bytes | memoryview], Any] | None:
+    """msgpack bytes of the inner ``JsonPlusSerializer`` (a head record's
+    payload) -> the value, as ``loads(("msgpack", raw))`` loads it: through
+    ``value_readers`` with ``fast_paths``, else through that serializer's
+    ``loads_typed``; None when ``value_readers`` would have no fast path."""
+    if fast_paths:
+        fast = value_readers(serde)
+        if fast is None:
+            return None
+        unpackb, hook, option, _ = fast
+        return lambda raw: unpackb(raw, ext_hook=hook, option=option)
+    if not isinstance(serde, CompressingSerializer) or type(serde.serde) is not JsonPlusSerializer:
+        return None
+    loads = serde.serde.loads_typed
+    return lambda raw: loads(("msgpack", bytes(raw)))  # its contract: bytes
 
 
 class Stack:

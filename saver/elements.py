@@ -1,5 +1,6 @@
 """A message list's msgpack made element by element, reusing the bytes of the
-elements a put already serialized, to save a put's CPU.
+elements a put already serialized, to save a put's CPU (the puts of a saver
+with ``fast_paths=True``).
 
 A graph's message history gains a message or two per step, and every put of
 the channel serializes the whole list again: ``JsonPlusSerializer`` dumps each

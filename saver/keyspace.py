@@ -10,7 +10,7 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
-from kvsaver.kv.keys import pack, prefix_range, unpack
+from kvsaver.kv.keys import pack, prefix_range, split, unpack
 
 SCHEMA_KEY = pack(("meta", "schema"))
 SWEEP_KEY = pack(("meta", "sweep"))
@@ -88,6 +88,24 @@ def checkpoint_key(thread: str, ns: str, checkpoint_id: str) -> bytes:
 
 def checkpoint_key_from_elements(kt: Any, kns: Any, kcid: Any) -> bytes:
     return pack((CHECKPOINT, kt, kns, kcid))
+
+
+_CHECKPOINT_PREFIX = pack((CHECKPOINT,))
+
+
+def id_element(checkpoint_id: str) -> bytes:
+    """A checkpoint id's packed key element: what orders the checkpoints of
+    a thread (``list``'s positions compare these bytes as the keys do)."""
+    return _el(checkpoint_id)
+
+
+def index_entry(key: bytes, index_start: bytes) -> tuple[bytes, bytes]:
+    """(the checkpoint id's packed element, the checkpoint key) of an entry
+    of the id or meta index, ``key``, found in the range that starts at
+    ``index_start`` (``by_id_range``'s, ``meta_range``'s): the entry's last
+    three elements (id, thread, ns), split undecoded and reordered."""
+    kcid, kt, kns = split(key, len(index_start) - 1)[-3:]  # as prefix_range: prefix + 0x00
+    return kcid, _CHECKPOINT_PREFIX + kt + kns + kcid
 
 
 def checkpoints_range(thread: str, ns: str | None = None) -> tuple[bytes, bytes]:

@@ -100,23 +100,15 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         whole_latest: keep each thread's newest checkpoint whole, in one
             uncompressed record (its head, ``saver.heads``), so that
             ``get_tuple`` of the latest is one lookup and one decode, not a
-            blob per channel. ``"idle"`` (the default): a thread's head is
-            written by a background thread once no put of this saver came
-            for it for a second (``IDLE_SECONDS``), and by ``close()`` for
-            those still waiting: a running graph pays nothing per superstep,
-            and a thread read after it went quiet (the next ``invoke``,
-            ``get_state`` polling, other processes) reads its head; on
-            LMDB, a thread another process reads while this one writes it
-            (finding no head: the put came less than a second ago)
-            ``WANT_AFTER`` times within ``MARK_SECONDS`` has its head written
-            by every put for ``WANTED_SECONDS`` after (the reader's mark,
-            ``whole.hints``; so does another saver object of this process;
-            none within a quarter of ``max_size``). ``True``:
-            every ``put`` rewrites the head in its own transaction (reads
-            right after a put are fast too, for a copy of the state written
-            by every put).
-            ``False``: no heads, none read. Local stores only; not with
-            encrypted values.
+            blob per channel. ``"idle"`` (the default): written by a
+            background thread once no put of this saver came for the thread
+            for a second, and by ``close()``: a running graph pays nothing
+            per superstep, a thread read after it went quiet reads its head;
+            on LMDB, a thread that readers (of any process) keep finding
+            without its head has it written by every put for a while
+            (``saver.whole``: the readers' marks). ``True``: every ``put``
+            rewrites the head. ``False``: no heads, none read. Local stores
+            only; not with encrypted values.
         cache_bytes: memory for this saver's caches of values, about this
             many bytes in all (default ``None``: 32 MiB): decompressed values
             (a quarter, and an eighth of that for small ones), lists rebuilt
@@ -129,6 +121,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
             own. Not with a ``serde`` that has its own
             ``CompressingSerializer`` (set its ``cache_bytes`` to a quarter).
             A PostgreSQL store keeps up to 8 MiB of committed values besides.
+        fast_paths: speed paths built on private names of LangGraph and
+            pydantic (``saver._upstream``): message lists serialized element
+            by element (``elements``), messages decoded by their validator
+            (``messages``), values unpacked without ``loads_typed``. Off by
+            default: an upgrade of either can change those names (what is
+            stored is the same; docs/performance.md has what they save).
         **store_options: options of the backend's store, checked against
             what that backend takes (``backends.BACKENDS``): for LMDB ``map_size``
             and ``max_readers`` (``kv.LMDBStore``), for a PostgreSQL URL
@@ -157,6 +155,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         async_threads: int | None = _ASYNC_THREADS,
         whole_latest: bool | Literal["idle"] = "idle",
         cache_bytes: int | None = None,
+        fast_paths: bool = False,
         **store_options: Any,
     ) -> None:
         # Store options given explicitly (None is each backend's default).
@@ -175,6 +174,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         if type(whole_latest) is not bool and whole_latest != "idle":
             raise ValueError(f"whole_latest must be True, False or 'idle', got {whole_latest!r}")
         self._whole_latest = whole_latest
+        if type(fast_paths) is not bool:
+            raise ValueError(f"fast_paths must be True or False, got {fast_paths!r}")
         if cache_bytes is not None and (type(cache_bytes) is not int or cache_bytes < 0):
             raise ValueError(f"cache_bytes must be an int >= 0 or None, got {cache_bytes!r}")
         self._backend = B.choose(path_or_store, backend, given, KVSaver.__init__)
@@ -205,8 +206,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # take the loop's default executor: each holds a pooled connection.
         pipelined = self.store.pipelines_reads
         self._pool = Pool(None if pipelined else async_threads)
-        self._reads = Reads(self.serde, self._codec, pipelined)
-        self._heads = Heads(self.store, self._codec, self._reads.fast, whole_latest, pipelined)
+        self._reads = Reads(self.serde, self._codec, pipelined, fast_paths)
+        self._heads = Heads(self.store, self._codec, self._reads.plain, whole_latest, pipelined)
         # the small values of this saver's last put per (thread, ns): the next put's parent
         self._small = SV.Memo()
         try:
@@ -368,7 +369,8 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         small, to_blobs = SV.split(
             lambda: self._parent_small(thread, ns, parent_id), versions, new_versions, values
         )
-        blobs = codec.prepare(thread, ns, to_blobs, values, dumps, parent_id, whole)
+        reuse = self._reads.fast_paths  # message lists through ``elements``
+        blobs = codec.prepare(thread, ns, to_blobs, values, dumps, parent_id, whole, reuse)
         # A small record (zstd with a dictionary) holding the small values,
         # and with a head its msgpack without them, from one serialization.
         cp_typed, cp_plain = codec.dumps_checkpoint(cp, small, whole)
@@ -566,7 +568,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         if "_reads" in self.__dict__:  # not while __init__ makes them
             self._codec = D.codec(serde)
             self._reads = self._reads.for_codec(serde, self._codec)
-            self._heads = self._heads.for_codec(self._codec, self._reads.fast)
+            self._heads = self._heads.for_codec(self._codec, self._reads.plain)
 
     def get_delta_channel_history(
         self, *, config: RunnableConfig, channels: Sequence[str]

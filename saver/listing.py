@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from kvsaver.kv import Store, Txn
-from kvsaver.kv.keys import pack, split
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import CheckpointTuple
 
@@ -101,16 +100,14 @@ def index_source(filter: Mapping[str, Any] | None, before_id: str | None) -> Sou
     if before_id is not None:
         default = (default[0], S.by_id_stop(before_id))
     chosen: list[tuple[bytes, bytes]] = []
-    ckpt = pack((S.CHECKPOINT,))
 
     def source(txn: Txn, resume: Any) -> Iterator[tuple[Any, bytes]]:
         if not chosen:
             chosen.append(_most_selective(txn, candidates) if candidates else default)
         start, stop = chosen[0]
-        tail = len(start) - 1  # an index key: its range's prefix, then (id, thread, ns)
         for key, _ in txn.scan(start, resume[1] if resume else stop, reverse=True):
-            kcid, kt, kns = split(key, tail)[-3:]
-            raw = txn.get(ckpt + kt + kns + kcid)
+            kcid, ckey = S.index_entry(key, start)
+            raw = txn.get(ckey)
             if raw is not None:
                 yield (kcid, key), raw
 
@@ -133,7 +130,7 @@ def thread_source(config: RunnableConfig, before_id: Any) -> Source:
                     continue
                 raw = txn.get(S.checkpoint_key(thread, one_ns, str(checkpoint_id)))
                 if raw is not None:
-                    yield (pack((S.k(str(checkpoint_id)),)), one_ns), raw
+                    yield (S.id_element(str(checkpoint_id)), one_ns), raw
 
         return exact
 

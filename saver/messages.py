@@ -7,7 +7,8 @@ the same serializer). ``JsonPlusSerializer``'s ext hook builds each message as
 then four Python ``__init__`` methods (the message class's, ``BaseMessage``'s,
 ``Serializable``'s, pydantic's ``BaseModel``'s) that each pass the keywords
 on, until pydantic's validator does the work. Calling the validator directly
-makes a message list's decode much cheaper, for the same objects.
+makes a message list's decode much cheaper, for the same objects. A saver
+uses it with ``fast_paths=True`` only (``compression.loader``).
 
 ``fast_hook(stock)`` returns an ext hook that, for a pydantic-v2 record
 (``EXT_PYDANTIC_V2``) of one of LangChain's message classes, calls that

@@ -40,11 +40,18 @@ class Reads:
     # a format-1 store opened read-only: its write keys may repeat an identity
     legacy_writes = False
 
-    def __init__(self, serde: SerializerProtocol, codec: D.Codec, pipelined: bool) -> None:
+    def __init__(
+        self, serde: SerializerProtocol, codec: D.Codec, pipelined: bool, fast_paths: bool
+    ) -> None:
         self.serde = serde
-        self.loads: Callable[[S.Typed], Any] = C.loader(serde)
+        # ``fast_paths``: the loaders that take private names of LangGraph's
+        # and pydantic's (``_upstream``); else only public calls.
+        self.fast_paths = fast_paths
+        self.loads: Callable[[S.Typed], Any] = C.loader(serde, fast_paths)
         self.values = codec.values
-        self.fast = C.value_readers(serde)
+        self.fast = C.value_readers(serde, fast_paths)
+        # a head record's payload -> its value (None: no heads read)
+        self.plain = C.msgpack_loader(serde, fast_paths)
         self.pipelined = pipelined
         # (thread, ns) -> (id, channel_versions) of the last put here, on a
         # store that pipelines reads (``guess`` reads it).
@@ -55,7 +62,7 @@ class Reads:
     def for_codec(self, serde: SerializerProtocol, codec: D.Codec) -> Reads:
         """These reads for a ``with_allowlist`` clone's serializer (the same
         memo of the last puts)."""
-        clone = Reads(serde, codec, self.pipelined)
+        clone = Reads(serde, codec, self.pipelined, self.fast_paths)
         clone.legacy_writes, clone.last_put = self.legacy_writes, self.last_put
         return clone
 
@@ -95,25 +102,23 @@ class Reads:
         their writes, instead of a scan per checkpoint; None
         when the page is not one such run (``load_writes`` then, each)."""
         t, ns = found[0][0].thread_id, found[0][0].checkpoint_ns
-        starts: dict[bytes, str] = {}
+        bounds: list[tuple[bytes, bytes, str]] = []
         for rec, _ in found:
             if rec.thread_id != t or rec.checkpoint_ns != ns:
                 return None
-            starts[S.writes_range(t, ns, rec.checkpoint_id)[0][:-1]] = rec.checkpoint_id
-        lo = S.writes_range(t, ns, found[-1][0].checkpoint_id)[0]  # found: newest first
-        hi = S.writes_range(t, ns, found[0][0].checkpoint_id)[1]
-        if lo >= hi:  # not newest first after all (ids out of key order): one by one
-            return None
-        lengths = sorted({len(p) for p in starts})
+            bounds.append((*S.writes_range(t, ns, rec.checkpoint_id), rec.checkpoint_id))
+        # Each checkpoint's writes are one key range, and distinct ids' ranges
+        # are disjoint: in key order, a key of the scan is in the range at
+        # hand or in a later one (or in none: a checkpoint not on the page).
+        bounds.sort()
         out: dict[str, list[S.WriteRecord]] = {}
-        for key, raw in txn.scan(lo, hi):
-            for n in lengths:
-                # The checkpoint id's element ends at n unless an escaped NUL
-                # (0x00 0xff) continues it there: then it is a longer id's.
-                cid = starts.get(key[:n])
-                if cid is not None and key[n : n + 1] != b"\xff":
-                    out.setdefault(cid, []).extend(S.decode_writes(raw))
-                    break
+        it = iter(bounds)
+        start, stop, cid = next(it)
+        for key, raw in txn.scan(bounds[0][0], bounds[-1][1]):
+            while key >= stop:  # below the last range's stop: never past the end
+                start, stop, cid = next(it)
+            if key >= start:
+                out.setdefault(cid, []).extend(S.decode_writes(raw))
         return {cid: self.in_read_order(recs) for cid, recs in out.items()}
 
     def load_tuple(

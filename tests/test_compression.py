@@ -253,7 +253,8 @@ def _chat(saver: KVSaver, turns: int = 12) -> Any:
 def test_cache_bytes_bounds_every_cache_of_values(tmp_path: Any) -> None:
     with KVSaver(str(tmp_path / "default")) as saver:
         assert _caches(saver) == (8 << 20, 8 << 20, 16 << 20)  # 32 MiB in all
-    with KVSaver(str(tmp_path / "small"), cache_bytes=4 << 20) as saver:
+    # (the elements' cache fills with fast_paths only)
+    with KVSaver(str(tmp_path / "small"), cache_bytes=4 << 20, fast_paths=True) as saver:
         assert _caches(saver) == (1 << 20, 1 << 20, 2 << 20)
         _chat(saver)
         from kvsaver import delta as D
@@ -522,11 +523,12 @@ def _values() -> list[Any]:
     ]
 
 
+@pytest.mark.parametrize("fast_paths", [True, False])
 @pytest.mark.parametrize("strict", [False, True])
-def test_loader_loads_what_loads_typed_loads(strict: bool) -> None:
+def test_loader_loads_what_loads_typed_loads(strict: bool, fast_paths: bool) -> None:
     serde = CompressingSerializer(_strict() if strict else JsonPlusSerializer())
-    fast = C.loader(serde)
-    assert fast != serde.loads_typed  # the fast path is taken for the default stack
+    fast = C.loader(serde, fast_paths)
+    assert fast != serde.loads_typed  # the one-call loader is taken for the default stack
     kinds = set()
     for value in _values():
         typed = serde.dumps_typed(value)
@@ -537,7 +539,7 @@ def test_loader_loads_what_loads_typed_loads(strict: bool) -> None:
         assert not isinstance(fast(serde.dumps_typed(Custom("x", 1))), Custom)
     # a derived allowlist gets its own fast path, with its own ext hook
     allowed = C.with_msgpack_allowlist(serde, [(Custom.__module__, Custom.__name__)])
-    assert C.loader(allowed)(allowed.dumps_typed(Custom("x", 1))) == Custom("x", 1)
+    assert C.loader(allowed, fast_paths)(allowed.dumps_typed(Custom("x", 1))) == Custom("x", 1)
 
 
 @pytest.mark.parametrize("strict", [False, True])

@@ -40,16 +40,18 @@ def _failures(report: CapabilityReport) -> str:
     return "\n".join(lines)
 
 
-def _factory(backend: str, tmp_path: Path) -> Callable[[], AsyncIterator[KVSaver]]:
+def _factory(
+    backend: str, tmp_path: Path, fast_paths: bool = False
+) -> Callable[[], AsyncIterator[KVSaver]]:
     counter = iter(range(1_000_000))
 
     async def make() -> AsyncIterator[KVSaver]:
         # A fresh store per capability suite, as the runner expects.
         n = next(counter)
         if backend == "memory":
-            saver = KVSaver(":memory:")
+            saver = KVSaver(":memory:", fast_paths=fast_paths)
         elif backend == "lmdb":
-            saver = KVSaver(tmp_path / f"lmdb-{n}")
+            saver = KVSaver(tmp_path / f"lmdb-{n}", fast_paths=fast_paths)
         elif backend == "postgres":
             saver = KVSaver(PostgresStore(shared_pool(), table=unique_table("conf")))
         else:
@@ -62,9 +64,21 @@ def _factory(backend: str, tmp_path: Path) -> Callable[[], AsyncIterator[KVSaver
     return make
 
 
-@pytest.mark.parametrize("backend", ["lmdb", "memory", "file", "postgres"])
-async def test_full_conformance(backend: str, tmp_path: Path) -> None:
-    registered = checkpointer_test(name=f"KVSaver[{backend}]")(_factory(backend, tmp_path))
+@pytest.mark.parametrize(
+    ("backend", "fast_paths"),
+    [
+        ("lmdb", False),
+        ("memory", False),
+        ("file", False),
+        ("postgres", False),
+        ("lmdb", True),
+        ("memory", True),
+    ],
+)
+async def test_full_conformance(backend: str, fast_paths: bool, tmp_path: Path) -> None:
+    registered = checkpointer_test(name=f"KVSaver[{backend}]")(
+        _factory(backend, tmp_path, fast_paths)
+    )
     report = await validate(registered)
     detail = _failures(report)
     assert sorted(report.results) == ALL, detail

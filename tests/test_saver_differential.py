@@ -1,4 +1,5 @@
-"""Differential test: KVSaver (memory and LMDB) against SqliteSaver.
+"""Differential test: KVSaver (memory and LMDB, LMDB also with ``fast_paths=True``)
+against SqliteSaver.
 
 A hypothesis state machine generates sequences of saver operations and runs
 each one on three savers, comparing every result field by field: puts with
@@ -36,6 +37,7 @@ from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from kvsaver import KVSaver
 from kvsaver.kv import PostgresStore
+from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.checkpoint.serde.types import ERROR, INTERRUPT, RESUME, SCHEDULED
 from pg_helpers import drop_tables, shared_pool, shared_server, unique_table
 from saver_helpers import (
@@ -80,6 +82,16 @@ values = (
     | st.binary(max_size=8)
     | st.tuples(st.integers(-(2**63), 2**63 - 1), st.text(max_size=3))
 )
+# LangChain messages: what the fast paths (``fast_paths=True``) serialize and
+# decode their own way. EXTEND: the parent's message list, its very objects,
+# and one message more (a graph's history, whose elements are reused).
+messages_st = st.lists(
+    st.builds(HumanMessage, content=st.text(max_size=5))
+    | st.builds(AIMessage, content=st.text(max_size=5), id=st.text(max_size=3)),
+    max_size=3,
+)
+values = values | messages_st
+EXTEND = object()
 filter_values = st.sampled_from([None, True, False, 0, 1, 2, -1, "input", "loop", "", "x"])
 metadata_st = st.fixed_dictionaries(
     {},
@@ -103,6 +115,8 @@ class SaverComparison(RuleBasedStateMachine):
             "memory": KVSaver(":memory:"),
             # durability "none": this test is about semantics, not fsync.
             "lmdb": KVSaver(f"{self.tmp}/db", durability="none"),
+            # the speed paths on private upstream names, opt-in
+            "lmdb-fast": KVSaver(f"{self.tmp}/fast", durability="none", fast_paths=True),
         }
         # (thread, ns) -> list of (checkpoint id, versions, values)
         self.model: dict[tuple[str, str], list[tuple[str, dict, dict]]] = {}
@@ -159,7 +173,9 @@ class SaverComparison(RuleBasedStateMachine):
         thread=st.sampled_from(THREADS),
         ns=st.sampled_from(NAMESPACES),
         parent_pick=st.none() | st.integers(0, 10**6),
-        changes=st.dictionaries(st.sampled_from(CHANNELS), st.just(EMPTY) | values, max_size=3),
+        changes=st.dictionaries(
+            st.sampled_from(CHANNELS), st.just(EMPTY) | st.just(EXTEND) | values, max_size=3
+        ),
         order=st.integers(0, 9999),
         metadata=metadata_st,
         extra=st.dictionaries(
@@ -188,6 +204,9 @@ class SaverComparison(RuleBasedStateMachine):
             versions[ch] = new_versions[ch] = self.next_version(thread, ns, ch)
             if value is EMPTY:
                 vals.pop(ch, None)
+            elif value is EXTEND:
+                old = vals.get(ch)
+                vals[ch] = [*(old if type(old) is list else []), AIMessage(f"m{self.seq}")]
             else:
                 vals[ch] = value
         self.seq += 1
@@ -492,6 +511,9 @@ class SaverComparisonHeads(SaverComparison):
             saver.close()
         self.savers = {
             "lmdb-whole": KVSaver(f"{self.tmp}/whole", durability="none", whole_latest=True),
+            "lmdb-whole-fast": KVSaver(
+                f"{self.tmp}/whole-fast", durability="none", whole_latest=True, fast_paths=True
+            ),
         }
 
     @invariant()

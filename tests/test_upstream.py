@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import ormsgpack
+import pytest
 from kvsaver import _upstream as U
 from kvsaver import compression as C
 from kvsaver import delta as D
@@ -94,3 +95,45 @@ def test_the_saver_loads_values_through_the_fast_hook() -> None:
     if HAS_STRICT_MSGPACK:
         assert U.custom_ext_hook(serde.serde) is False
         assert readers.ext_hook is not stock  # the fast hook around it
+
+
+def test_the_default_saver_takes_no_private_name(tmp_path: Any, monkeypatch: Any) -> None:
+    """``fast_paths=False`` (the default): a chat graph's puts, reads and
+    heads go through public calls only; every fast path is made to raise, so
+    a use of one fails here. With ``fast_paths=True`` they are used."""
+    from kvsaver import KVSaver
+    from saver_helpers_graphs import chat_graph, human
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a private upstream name was used")
+
+    monkeypatch.setattr(U, "stock_ext_hook", refuse)
+    monkeypatch.setattr(U, "custom_ext_hook", refuse)
+    monkeypatch.setattr(U, "validator", refuse)
+    monkeypatch.setattr(E.Elements, "dumps", refuse)
+    monkeypatch.setattr(C, "fast_hook", refuse)
+    cfg: Any = {"configurable": {"thread_id": "t"}}
+    with KVSaver(tmp_path / "default") as saver:
+        graph = chat_graph(saver)
+        for i in range(4):
+            graph.invoke(human(i), cfg)
+        want = graph.get_state(cfg).values["messages"]
+    with KVSaver(tmp_path / "default", readonly=True) as saver:  # its heads, written at close
+        assert saver._heads.readable and saver._reads.fast is None
+        assert chat_graph(saver).get_state(cfg).values["messages"] == want
+        assert len(list(saver.list(cfg))) > 4
+    with pytest.raises(AssertionError, match="private upstream name"):
+        KVSaver(tmp_path / "fast", fast_paths=True)
+
+
+def test_the_migrations_strict_reads_find_the_serializers_policy() -> None:
+    """Not a speed path: ``migrate.common``'s strict verification reads
+    ``_allowed_msgpack_modules`` and ``_custom_unpack_ext_hook`` (no public
+    API says either); were they gone, verification would decode in the
+    serializer's own mode without a word, so this fails instead."""
+    if not HAS_STRICT_MSGPACK:  # langgraph-checkpoint 4.0.0: see the docstring
+        return
+    assert U.msgpack_policy(JsonPlusSerializer(allowed_msgpack_modules=None)) is None
+    assert U.msgpack_policy(JsonPlusSerializer()) is not False
+    assert U.custom_ext_hook(JsonPlusSerializer()) is False
+    assert U.custom_ext_hook(JsonPlusSerializer(__unpack_ext_hook__=lambda c, d: d)) is True

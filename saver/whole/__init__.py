@@ -27,12 +27,11 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from kvsaver.kv import Store, Txn
 
-from .. import compression as C
 from .. import delta as D
 from .. import heads as H
 from .. import schema as S
@@ -67,7 +66,7 @@ class Heads:
         self,
         store: Store,
         codec: D.Codec,
-        fast: C.ValueReaders | None,
+        plain: Callable[[bytes | memoryview], Any] | None,
         whole_latest: bool | Literal["idle"],
         pipelined: bool,
     ) -> None:
@@ -75,7 +74,7 @@ class Heads:
         self.always = whole_latest is True
         self.pipelined = pipelined
         self._enabled = whole_latest is not False and not pipelined
-        self._set_codec(codec, fast)
+        self._set_codec(codec, plain)
         # (thread, ns) -> the checkpoint id its head record held when this
         # saver last wrote or read it: a read by id looks at the head only
         # for that id (another id is rarely the newest; the look costs a get).
@@ -97,18 +96,18 @@ class Heads:
             if store.directory is not None:
                 self.hints = Hints(store.directory)
 
-    def _set_codec(self, codec: D.Codec, fast: C.ValueReaders | None) -> None:
+    def _set_codec(self, codec: D.Codec, plain: Callable[[bytes | memoryview], Any] | None) -> None:
         self.codec = codec
-        self.fast = fast
+        self.plain = plain  # a head's payload -> its value (``Reads.plain``)
         # heads read and written: unless whole_latest=False, on local stores
-        # whose values the fast readers load
-        self.readable = bool(self._enabled and fast is not None and codec.heads)
+        # whose head payloads ``plain`` loads
+        self.readable = bool(self._enabled and plain is not None and codec.heads)
 
-    def for_codec(self, codec: D.Codec, fast: C.ValueReaders | None) -> Heads:
+    def for_codec(self, codec: D.Codec, plain: Callable[[bytes | memoryview], Any] | None) -> Heads:
         """This object for a ``with_allowlist`` clone's serializer: the same
-        idle heads, hints and memos, its own codec and readers."""
+        idle heads, hints and memos, its own codec and loader."""
         clone = copy.copy(self)
-        clone._set_codec(codec, fast)
+        clone._set_codec(codec, plain)
         return clone
 
     # -- reads ----------------------------------------------------------------
@@ -135,10 +134,9 @@ class Heads:
         body = H.payload(txn.get(S.head_key(thread, ns)), raw)
         if body is None:
             return None
-        assert self.fast is not None  # readable
-        unpackb, hook, option, _ = self.fast
+        assert self.plain is not None  # readable
         try:
-            parent, metadata, checkpoint = unpackb(body, ext_hook=hook, option=option)
+            parent, metadata, checkpoint = self.plain(body)
             # The id as stored (put takes an int or UUID and stores its text).
             cid = as_id(checkpoint["id"], "checkpoint['id']")
             if type(metadata) is not dict or type(checkpoint["channel_values"]) is not dict:
