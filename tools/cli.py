@@ -6,6 +6,7 @@
     kvsaver diff    STORE THREAD A B [--ns NS]
     kvsaver stats|sweep|compact STORE ...      (tools/storage.py)
     kvsaver migrate SOURCE.sqlite DEST_DIR ...  (tools/migrate_from_sqlite.py)
+    kvsaver store ls|get|search STORE ...      (tools/store_cli.py: KVStore items)
 
 Installed with the package as the ``kvsaver`` console script and as
 ``python -m kvsaver``. STORE is an LMDB directory, a FileStore file, a
@@ -47,6 +48,7 @@ from .output import text as _text
 from .output import when as _when
 from .sources import Entry, Source, ThreadInfo, open_source, strict_serde
 from .storage import COMMANDS as STORAGE_COMMANDS
+from .store_cli import store_group
 
 __all__ = ["cli", "jsonable", "main"]
 
@@ -103,8 +105,9 @@ def _version() -> str:
 HELP = """Look inside a LangGraph checkpoint store (read-only), and look after its size.
 
 STORE is a KVSaver LMDB directory, a FileStore file, a SqliteSaver .sqlite
-file or a postgresql:// URL. Every command takes --json. Exit status 0, or 2
-with one line on stderr (bad argument, missing thread, unreadable store)."""
+file or a postgresql:// URL. 'kvsaver store ...' reads a KVStore's items
+(long-term memory). Every command takes --json. Exit status 0, or 2 with one
+line on stderr (bad argument, missing thread, unreadable store)."""
 
 
 @click.group(cls=Group, name="kvsaver", help=HELP)
@@ -113,7 +116,7 @@ def cli() -> None:
     pass
 
 
-for _command in [*STORAGE_COMMANDS, migrate_command]:
+for _command in [*STORAGE_COMMANDS, migrate_command, store_group]:
     cli.add_command(_command)
 
 
