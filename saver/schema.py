@@ -34,6 +34,17 @@ schema      ("meta", "schema")                               {"format": FORMAT_V
                                                              "upgrades": [...]}
 sweep       ("meta", "sweep")                                {"started": ms,
                                                              "completed": ms, "full": bool}
+vector      ("s", "v", "e", *namespace, None, key, field)    [namespace, key, field,
+                                                             float32 bytes]: a
+                                                             KVStore item's vector
+                                                             (``kvstore/vectors.py``)
+vector      ("s", "v", "n")                                  [epoch, seq]: the count
+counter                                                      of vector changes
+vector log  ("s", "v", "l", seq)                             [namespace, key]: the
+                                                             item whose vectors
+                                                             change ``seq`` changed
+                                                             (the last
+                                                             ``vectors.LOG_KEEP``)
 head        ("~h", thread, ns)                               0x01, the newest
                                                              checkpoint's record and
                                                              its values, whole

@@ -1,0 +1,280 @@
+"""kvstore/vectors.py: the texts a put embeds (LangGraph's rules, against
+InMemoryStore's), the embedding checks, the vector records, and the ranking
+of a search against a brute-force numpy computation and InMemoryStore's
+order, on the stores a KVStore runs on."""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from kvsaver.kv import LMDBStore, MemoryStore, MissingDependencyError, Store
+from kvsaver.kvstore import vectors as vmod
+from kvsaver.kvstore.vectors import Vectors
+from langgraph.store.base import PutOp
+from langgraph.store.memory import InMemoryStore
+
+DIMS = 16
+
+
+def fake_vector(text: str, dims: int = DIMS) -> list[float]:
+    """A seeded random vector per text: deterministic, no network; float32
+    values, so InMemoryStore (float64) and the stored float32 agree."""
+    seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+    v = np.random.default_rng(seed).standard_normal(dims).astype(np.float32)
+    return [float(x) for x in v]
+
+
+class Embedder:
+    """An embed function that remembers which text each vector came from."""
+
+    def __init__(self, dims: int = DIMS) -> None:
+        self.dims = dims
+        self.text_of: dict[tuple[float, ...], str] = {}
+
+    def __call__(self, texts: list[str]) -> list[list[float]]:
+        out = []
+        for t in texts:
+            v = fake_vector(t, self.dims)
+            self.text_of[tuple(v)] = t
+            out.append(v)
+        return out
+
+
+def config(embed: Any, fields: list[str] | None = None, dims: int = DIMS) -> dict[str, Any]:
+    cfg: dict[str, Any] = {"dims": dims, "embed": embed}
+    if fields is not None:
+        cfg["fields"] = fields
+    return cfg
+
+
+def put(
+    store: Store,
+    vectors: Vectors,
+    ns: tuple[str, ...],
+    key: str,
+    value: dict[str, Any] | None,
+    index: Any = None,
+) -> None:
+    """What KVStore does around a put: embed first, then write in the txn."""
+    if value is None:
+        with store.write() as txn:
+            vectors.delete(txn, ns, key)
+        return
+    texts = vectors.texts(value, index)
+    embedded = vectors.embed_texts([t for _, t in texts])
+    with store.write() as txn:
+        vectors.write(txn, ns, key, [(f, v) for (f, _), v in zip(texts, embedded)])
+
+
+def ranked(store: Store, vectors: Vectors, query: str, prefix: tuple[str, ...] = ()) -> list:
+    with store.read() as txn:
+        return list(vectors.ranked(txn, vectors.embed_query(query), prefix))
+
+
+@pytest.fixture(params=["memory", "lmdb"])
+def kv(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    store: Store = MemoryStore() if request.param == "memory" else LMDBStore(tmp_path / "db")
+    with store:
+        yield store
+
+
+# -- texts: LangGraph's rules --------------------------------------------------
+
+VALUES: list[dict[str, Any]] = [
+    {"text": "hello", "n": 3},
+    {"text": ["a", "b", "c"], "meta": {"title": "T", "tags": ["x", "y"]}},
+    {"meta": {"title": "only title"}, "list": [{"q": "q0"}, {"q": "q1"}, {"r": "r2"}]},
+    {"nothing": None, "flag": True, "num": 2.5},
+    {"é": "ünï", "text": {"nested": ["deep", 1]}},
+    {},
+]
+FIELD_SETS: list[list[str] | None] = [
+    None,
+    ["$"],
+    ["text"],
+    ["text", "meta.title"],
+    ["list[*].q", "meta.tags[-1]", "meta.tags[5]"],
+    ["meta.{title,tags}", "*"],
+    ["missing.path", "num", "flag"],
+]
+INDEXES: list[Any] = [None, False, ["text"], ["meta.title", "list[0].q"], ["$"], []]
+
+
+def in_memory_vectors(
+    fields: list[str] | None, value: dict[str, Any], index: Any
+) -> dict[str, str]:
+    """InMemoryStore's vectors of one put, as {field path: text}."""
+    embed = Embedder()
+    mem = InMemoryStore(index=config(embed, fields))  # type: ignore[arg-type]
+    mem.batch([PutOp(("ns",), "k", value, index=index)])
+    got = mem._vectors[("ns",)].get("k", {})
+    return {path: embed.text_of[tuple(v)] for path, v in got.items()}
+
+
+@pytest.mark.parametrize("fields", FIELD_SETS)
+@pytest.mark.parametrize("index", INDEXES)
+def test_texts_are_in_memory_stores(fields: list[str] | None, index: Any) -> None:
+    vectors = Vectors(config(Embedder(), fields))  # type: ignore[arg-type]
+    for value in VALUES:
+        ours = vectors.texts(value, index)
+        assert len({f for f, _ in ours}) == len(ours)
+        assert dict(ours) == in_memory_vectors(fields, value, index), (value, index)
+
+
+def test_texts_whole_value_is_sorted_json() -> None:
+    vectors = Vectors(config(Embedder()))  # type: ignore[arg-type]
+    assert vectors.texts({"b": 1, "a": "é"}, None) == [("$", '{"a": "é", "b": 1}')]
+    assert vectors.texts({"b": 1}, False) == []
+    assert vectors.texts({"b": 1}, ["c"]) == []
+
+
+def test_duplicate_texts_each_get_a_vector(kv: Store) -> None:
+    """Two fields with one text: both embedded (InMemoryStore's put raises here)."""
+    vectors = Vectors(config(Embedder(), ["a", "b"]))  # type: ignore[arg-type]
+    assert vectors.texts({"a": "same", "b": "same"}, None) == [("a", "same"), ("b", "same")]
+    put(kv, vectors, ("n",), "k", {"a": "same", "b": "same"})
+    assert [(ns, key) for ns, key, _ in ranked(kv, vectors, "same")] == [(("n",), "k")]
+
+
+# -- embedding checks ------------------------------------------------------------
+
+
+def test_dims_mismatch_from_embed_is_a_clear_error(kv: Store) -> None:
+    vectors = Vectors(config(Embedder(DIMS + 1)))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=f"vector of {DIMS + 1} dims.*dims={DIMS}"):
+        vectors.embed_texts(["x"])
+    with pytest.raises(ValueError, match=f"vector of {DIMS + 1} dims.*dims={DIMS}"):
+        vectors.embed_query("x")
+    with pytest.raises(ValueError, match="dims"), kv.write() as txn:
+        vectors.write(txn, ("n",), "k", [("$", [0.5] * (DIMS - 1))])
+    with kv.read() as txn:
+        assert list(txn.scan()) == []
+
+
+async def test_async_embedder_and_count_check() -> None:
+    async def aembed(texts: list[str]) -> list[list[float]]:
+        return [fake_vector(t) for t in texts]
+
+    vectors = Vectors(config(aembed))  # type: ignore[arg-type]
+    assert await vectors.aembed_texts(["a", "b"]) == [fake_vector("a"), fake_vector("b")]
+    assert await vectors.aembed_query("q") == fake_vector("q")
+    short = Vectors(config(lambda texts: [fake_vector("x")]))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="returned 1 vectors for 2 texts"):
+        short.embed_texts(["a", "b"])
+
+
+def test_bad_dims_config() -> None:
+    for dims in (None, 0, -3, "16", True):
+        with pytest.raises(ValueError, match="dims must be a positive int"):
+            Vectors({"dims": dims, "embed": Embedder()})  # type: ignore[typeddict-item]
+
+
+def test_missing_numpy_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_import = builtins.__import__
+
+    def no_numpy(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "numpy" or name.startswith("numpy."):
+            raise ImportError("No module named 'numpy'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_numpy)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'kvsaver\[vector\]'"):
+        Vectors(config(Embedder()))  # type: ignore[arg-type]
+
+
+# -- ranking -----------------------------------------------------------------------
+
+NAMESPACES = [("a",), ("a", "b"), ("a", "b", "c"), ("ab",), ("b",), ("a", "x" * 200)]
+
+
+def random_items(
+    rng: np.random.Generator, n: int, keys: int | None = None
+) -> list[tuple[tuple[str, ...], str, dict]]:
+    """n puts; with ``keys``, of that many keys (re-puts), else each its own."""
+    items = []
+    for i in range(n):
+        ns = NAMESPACES[int(rng.integers(len(NAMESPACES)))]
+        key = f"k{int(rng.integers(keys)) if keys else i}" + ("y" * 300 if i % 17 == 0 else "")
+        value: dict[str, Any] = {"title": f"t{rng.random()}"}
+        if rng.random() < 0.5:
+            value["body"] = [f"b{rng.random()}" for _ in range(int(rng.integers(0, 3)))]
+        items.append((ns, key, value))
+    return items
+
+
+def brute_force(
+    stored: dict[tuple[tuple[str, ...], str], list[list[float]]],
+    q: list[float],
+    prefix: tuple[str, ...],
+) -> list[tuple[tuple[str, ...], str, float]]:
+    """Each item's best cosine (float64, from the float32 values), best first."""
+    qa = np.asarray(q, dtype=np.float64)
+    out = []
+    for (ns, key), vecs in stored.items():
+        if ns[: len(prefix)] != prefix or not vecs:
+            continue
+        m = np.asarray(vecs, dtype=np.float32).astype(np.float64)
+        cos = (m @ qa) / (np.linalg.norm(m, axis=1) * np.linalg.norm(qa))
+        out.append((ns, key, float(cos.max())))
+    out.sort(key=lambda r: -r[2])
+    return out
+
+
+def check_ranked(
+    got: list[tuple[tuple[str, ...], str, float]],
+    want: list[tuple[tuple[str, ...], str, float]],
+) -> None:
+    assert [(ns, key) for ns, key, _ in got] == [(ns, key) for ns, key, _ in want]
+    np.testing.assert_allclose([s for *_, s in got], [s for *_, s in want], atol=2e-6)
+
+
+def test_ranked_equals_brute_force_and_in_memory_store(kv: Store) -> None:
+    """Distinct items (InMemoryStore keeps a re-put item's old fields' vectors)."""
+    rng = np.random.default_rng(7)
+    fields = ["title", "body[*]"]
+    vectors = Vectors(config(Embedder(), fields))  # type: ignore[arg-type]
+    mem = InMemoryStore(index=config(Embedder(), fields))  # type: ignore[arg-type]
+    stored: dict[tuple[tuple[str, ...], str], list[list[float]]] = {}
+    for ns, key, value in random_items(rng, 300):
+        put(kv, vectors, ns, key, value)
+        mem.put(ns, key, value)
+        stored[(ns, key)] = [fake_vector(t) for _, t in vectors.texts(value, None)]
+    for prefix in [(), ("a",), ("a", "b"), ("ab",), ("zz",), ("a", "x" * 200)]:
+        for query in ["q1", "q2"]:
+            got = ranked(kv, vectors, query, prefix)
+            want = brute_force(stored, fake_vector(query), prefix)
+            check_ranked(got, want)
+            hits = mem.search(prefix, query=query, limit=1000)
+            check_ranked(got, [(h.namespace, h.key, h.score) for h in hits])
+
+
+def test_rewrites_and_deletes_replace_vectors(kv: Store) -> None:
+    vectors = Vectors(config(Embedder(), ["a", "b"]))  # type: ignore[arg-type]
+    put(kv, vectors, ("n",), "k", {"a": "one", "b": "two"})
+    put(kv, vectors, ("n",), "k", {"a": "three"})  # b's vector goes
+    assert ranked(kv, vectors, "two")[0][2] == pytest.approx(
+        brute_force({(("n",), "k"): [fake_vector("three")]}, fake_vector("two"), ())[0][2],
+        abs=2e-6,
+    )
+    put(kv, vectors, ("n",), "k", {"a": "four"}, index=False)  # no vectors now
+    assert ranked(kv, vectors, "two") == []
+    put(kv, vectors, ("n",), "k", {"a": "five"})
+    put(kv, vectors, ("n",), "k", None)
+    assert ranked(kv, vectors, "two") == []
+    with kv.read() as txn:  # nothing left but the counter and the log
+        left = {vmod.unpack_key(key)[2] for key, _ in txn.scan()}
+    assert left == {"n", "l"}
+
+
+def test_zero_vectors_score_zero(kv: Store) -> None:
+    vectors = Vectors(config(lambda texts: [[0.0] * DIMS for _ in texts]))  # type: ignore[arg-type]
+    put(kv, vectors, ("n",), "k", {"a": "x"})
+    with kv.read() as txn:
+        assert list(vectors.ranked(txn, [0.0] * DIMS, ())) == [(("n",), "k", 0.0)]
+        assert list(vectors.ranked(txn, [1.0] * DIMS, ())) == [(("n",), "k", 0.0)]
