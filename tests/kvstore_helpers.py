@@ -1,0 +1,155 @@
+"""Helpers of the KVStore tests: the reference (InMemoryStore), stores on
+each backend, results made comparable, and the workers the process tests
+run as ``python tests/kvstore_helpers.py <worker> <json kwargs>``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from kvsaver import KVStore
+from langgraph.store.base import Item, SearchItem
+from langgraph.store.memory import InMemoryStore
+
+STORE_BACKENDS = ["memory", "lmdb", "postgres"]
+
+
+class Reference(InMemoryStore):
+    """InMemoryStore, less two artefacts of its ``defaultdict``, so that it
+    is the reference of what a store holds: a read or a delete of a key in a
+    namespace that holds nothing adds that namespace (to its listings, and
+    at that place in its search order), and a namespace whose items were all
+    deleted stays in ``list_namespaces`` (SqliteStore and PostgresStore list
+    the namespaces of stored items, as KVStore does)."""
+
+    def _prepare_ops(self, ops: Any) -> Any:
+        before = set(self._data)
+        try:
+            return super()._prepare_ops(ops)
+        finally:
+            self._forget_new_empty(before)
+
+    def _apply_put_ops(self, put_ops: Any) -> None:
+        before = set(self._data)
+        try:
+            super()._apply_put_ops(put_ops)
+        finally:
+            self._forget_new_empty(before)
+
+    def _forget_new_empty(self, before: set[tuple[str, ...]]) -> None:
+        for ns in [ns for ns, items in self._data.items() if not items and ns not in before]:
+            del self._data[ns]
+
+    def _handle_list_namespaces(self, op: Any) -> Any:
+        data = self._data
+        self._data = {ns: items for ns, items in data.items() if items}  # type: ignore[assignment]
+        try:
+            return super()._handle_list_namespaces(op)
+        finally:
+            self._data = data
+
+
+def comparable(result: Any) -> Any:
+    """A batch result without timestamps (InMemoryStore sets created_at anew
+    at each put; LangGraph's Item defines it as the item's creation)."""
+    if isinstance(result, list):
+        return [comparable(r) for r in result]
+    if isinstance(result, SearchItem):
+        return ("S", result.namespace, result.key, result.value, result.score)
+    if isinstance(result, Item):
+        return ("I", result.namespace, result.key, result.value)
+    return result
+
+
+@contextmanager
+def open_store(backend: str, **options: Any) -> Iterator[KVStore]:
+    """A fresh KVStore on ``backend`` (PostgreSQL: a fresh table on the
+    session's server, through its shared pool), closed and removed after."""
+    if backend == "memory":
+        store = KVStore(":memory:", **options)
+        try:
+            yield store
+        finally:
+            store.close()
+        return
+    if backend == "lmdb":
+        with tempfile.TemporaryDirectory() as d:
+            store = KVStore(d, **options)
+            try:
+                yield store
+            finally:
+                store.close()
+        return
+    from pg_helpers import drop_tables, shared_pool, shared_server, unique_table
+
+    from kvsaver.kv import PostgresStore
+
+    table = unique_table("kvs")
+    kv = PostgresStore(shared_pool(), table=table)
+    store = KVStore(kv, **options)
+    try:
+        yield store
+    finally:
+        store.close()
+        kv.close()
+        drop_tables(shared_server().url, [table])
+
+
+# -- workers (separate processes) ------------------------------------------------
+
+
+def _ack(path: str, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def writer(path: str, name: str, n: int, ack: str, pause: float = 0.0) -> None:
+    """Put ``n`` items into ("w", name) and ("shared",), acknowledging each
+    after its put returned."""
+    with KVStore(path) as store:
+        for i in range(n):
+            store.put(("w", name), f"k{i}", {"i": i, "by": name, "pad": "x" * (i % 7) * 100})
+            store.put(("shared",), f"{name}-{i}", {"i": i})
+            _ack(ack, f"{name} {i}")
+            if pause:
+                time.sleep(pause)
+
+
+def graph_writer(path: str, user: str, text: str, thread: str) -> None:
+    """The memory graph of test_kvstore_graph.py, run once in this process."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from kvstore_graph import build
+
+    from kvsaver import KVSaver
+
+    with KVSaver(path) as saver, KVStore(path) as store:
+        graph = build(saver, store)
+        graph.invoke(
+            {"text": text},
+            {"configurable": {"thread_id": thread}},
+            context={"user": user},
+        )
+
+
+def reader(path: str, out: str) -> None:
+    """Every item of ("shared",) and the memories, as JSON in ``out``."""
+    with KVStore(path, readonly=True) as store:
+        shared = [i.key for i in store.search(("shared",), limit=100000)]
+        memories = {
+            ".".join(i.namespace): i.value
+            for i in store.search(("memories",), limit=1000)
+        }
+    with open(out, "w") as f:
+        json.dump({"shared": shared, "memories": memories}, f)
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]](**json.loads(sys.argv[2]))
