@@ -77,9 +77,18 @@ def ranked(store: Store, vectors: Vectors, query: str, prefix: tuple[str, ...] =
         return list(vectors.ranked(txn, vectors.embed_query(query), prefix))
 
 
-@pytest.fixture(params=["memory", "lmdb"])
+@pytest.fixture(params=["memory", "lmdb", "postgres"])
 def kv(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    store: Store = MemoryStore() if request.param == "memory" else LMDBStore(tmp_path / "db")
+    store: Store
+    if request.param == "postgres":  # no pgvector there: the same exact path
+        from kvsaver.kv import PostgresStore
+        from pg_helpers import shared_server, table_for
+
+        store = PostgresStore(shared_server().url, table=table_for(tmp_path), max_size=4)
+    elif request.param == "memory":
+        store = MemoryStore()
+    else:
+        store = LMDBStore(tmp_path / "db")
     with store:
         yield store
 
@@ -278,3 +287,252 @@ def test_zero_vectors_score_zero(kv: Store) -> None:
     with kv.read() as txn:
         assert list(vectors.ranked(txn, [0.0] * DIMS, ())) == [(("n",), "k", 0.0)]
         assert list(vectors.ranked(txn, [1.0] * DIMS, ())) == [(("n",), "k", 0.0)]
+
+
+# -- the cache: in step with the store ---------------------------------------------
+
+
+class Model:
+    """What the store should hold: each item's vectors, by the same rules."""
+
+    def __init__(self, vectors: Vectors) -> None:
+        self.vectors = vectors
+        self.stored: dict[tuple[tuple[str, ...], str], list[list[float]]] = {}
+
+    def put(self, ns: tuple[str, ...], key: str, value: dict | None, index: Any = None) -> None:
+        if value is None:
+            self.stored.pop((ns, key), None)
+        else:
+            self.stored[(ns, key)] = [fake_vector(t) for _, t in self.vectors.texts(value, index)]
+
+    def copy(self) -> dict[tuple[tuple[str, ...], str], list[list[float]]]:
+        return dict(self.stored)
+
+
+def random_op(rng: np.random.Generator) -> tuple[tuple[str, ...], str, dict | None, Any]:
+    ns = NAMESPACES[int(rng.integers(len(NAMESPACES)))]
+    key = f"k{int(rng.integers(40))}"
+    r = rng.random()
+    if r < 0.2:
+        return ns, key, None, None
+    value = {"title": f"t{rng.random()}", "body": [f"b{rng.random()}"] * int(rng.integers(3))}
+    return ns, key, value, (False if r < 0.3 else None)
+
+
+def check_all(store: Store, vectors: Vectors, model: Model, rng: np.random.Generator) -> None:
+    for prefix in [(), ("a",), ("a", "b"), ("b",)]:
+        query = f"q{rng.random()}"
+        check_ranked(
+            ranked(store, vectors, query, prefix),
+            brute_force(model.stored, fake_vector(query), prefix),
+        )
+
+
+def test_cache_follows_puts_deletes_and_reputs(kv: Store) -> None:
+    rng = np.random.default_rng(11)
+    fields = ["title", "body[*]"]
+    writer = Vectors(config(Embedder(), fields))  # type: ignore[arg-type]
+    reader = Vectors(config(Embedder(), fields))  # type: ignore[arg-type]
+    model = Model(writer)
+    for _ in range(30):
+        for _ in range(int(rng.integers(1, 12))):
+            ns, key, value, index = random_op(rng)
+            put(kv, writer, ns, key, value, index)
+            model.put(ns, key, value, index)
+        check_all(kv, reader, model, rng)  # a cache that only reads
+        check_all(kv, writer, model, rng)  # and the writer's own
+    assert reader._cache is not None and reader._cache.seq > 0
+
+
+def test_cache_compacts_dead_rows(kv: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vmod, "COMPACT_DEAD", 64)
+    vectors = Vectors(config(Embedder(), ["t"]))  # type: ignore[arg-type]
+    model = Model(vectors)
+    rng = np.random.default_rng(3)
+    compacted = 0
+    for i in range(400):
+        ns, key, value = ("a",), f"k{i % 20}", {"t": f"v{i}"}
+        put(kv, vectors, ns, key, value)
+        model.put(ns, key, value)
+        before = vectors._cache.dead if vectors._cache else 0
+        check_all(kv, vectors, model, rng)
+        assert vectors._cache is not None
+        compacted += vectors._cache.dead < before
+    assert compacted >= 4
+    assert vectors._cache.n - vectors._cache.dead == 20 and vectors._cache.dead <= 64
+
+
+def test_log_is_trimmed_and_a_cache_too_far_behind_rebuilds(
+    kv: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(vmod, "LOG_KEEP", 8)
+    rng = np.random.default_rng(5)
+    writer = Vectors(config(Embedder(), ["t"]))  # type: ignore[arg-type]
+    reader = Vectors(config(Embedder(), ["t"]))  # type: ignore[arg-type]
+    model = Model(writer)
+    put(kv, writer, ("a",), "k0", {"t": "v"})  # the counter's epoch is made
+    model.put(("a",), "k0", {"t": "v"})
+    check_all(kv, reader, model, rng)
+    for steps in [3, 8, 9, 30, 1, 0, 8]:
+        before = reader._cache
+        for _ in range(steps):
+            ns, key, value = ("a",), f"k{int(rng.integers(20))}", {"t": f"v{rng.random()}"}
+            put(kv, writer, ns, key, value)
+            model.put(ns, key, value)
+        check_all(kv, reader, model, rng)
+        assert (reader._cache is before) == (steps <= 8), steps  # replayed, or rebuilt
+        with kv.read() as txn:
+            log = [vmod.unpack_key(key)[3] for key, _ in txn.scan(*vmod.log_range(0, 10**9))]
+            _, seq = vmod.read_counter(txn)
+        assert log == list(range(max(1, seq - 7), seq + 1))
+
+
+def test_a_reader_behind_the_cache_sees_its_own_snapshot(kv: Store) -> None:
+    """One thread's snapshot older than the cache another thread brought forward."""
+    rng = np.random.default_rng(9)
+    vectors = Vectors(config(Embedder(), ["t"]))  # type: ignore[arg-type]
+    model = Model(vectors)
+    for i in range(20):
+        put(kv, vectors, ("a",), f"k{i}", {"t": f"v{i}"})
+        model.put(("a",), f"k{i}", {"t": f"v{i}"})
+    check_all(kv, vectors, model, rng)
+    old = model.copy()
+    with kv.read() as old_txn:
+        old_txn.get(vmod.COUNTER_KEY)  # the snapshot is taken
+        for i in range(5):  # changes after it, which the cache then takes in
+            put(kv, vectors, ("a",), f"k{i}", {"t": f"w{i}"} if i % 2 else None)
+            model.put(("a",), f"k{i}", {"t": f"w{i}"} if i % 2 else None)
+        put(kv, vectors, ("a", "b"), "new", {"t": "new"})
+        model.put(("a", "b"), "new", {"t": "new"})
+        check_all(kv, vectors, model, rng)
+        for prefix in [(), ("a",), ("a", "b")]:
+            q = fake_vector("v3")
+            got = list(vectors.ranked(old_txn, q, prefix))
+            check_ranked(got, brute_force(old, q, prefix))
+    check_all(kv, vectors, model, rng)
+
+
+def test_a_search_in_a_write_transaction_sees_its_writes_and_a_rollback_leaves_no_trace(
+    kv: Store,
+) -> None:
+    rng = np.random.default_rng(13)
+    vectors = Vectors(config(Embedder(), ["t"]))  # type: ignore[arg-type]
+    model = Model(vectors)
+
+    class Rollback(Exception):
+        pass
+
+    for first in [True, False]:  # the txn that makes the counter, and a later one
+        inside = model.copy()
+        with pytest.raises(Rollback), kv.write() as txn:
+            for i in range(6):
+                value = {"t": f"x{i}"}
+                texts = vectors.texts(value, None)
+                embedded = vectors.embed_texts([t for _, t in texts])
+                vectors.write(txn, ("a",), f"k{i}", [(f, v) for (f, _), v in zip(texts, embedded)])
+                inside[(("a",), f"k{i}")] = embedded
+            vectors.delete(txn, ("a",), "k0")
+            del inside[(("a",), "k0")]
+            q = fake_vector("x3")
+            check_ranked(list(vectors.ranked(txn, q, ())), brute_force(inside, q, ()))
+            raise Rollback
+        check_all(kv, vectors, model, rng)  # none of it
+        if first:
+            for i in range(3):
+                put(kv, vectors, ("b",), f"k{i}", {"t": f"y{i}"})
+                model.put(("b",), f"k{i}", {"t": f"y{i}"})
+            check_all(kv, vectors, model, rng)
+
+
+def test_an_emptied_store_written_again_is_not_taken_for_the_old_one(kv: Store) -> None:
+    rng = np.random.default_rng(17)
+    vectors = Vectors(config(Embedder(), ["t"]))  # type: ignore[arg-type]
+    model = Model(vectors)
+    for i in range(4):
+        put(kv, vectors, ("a",), f"k{i}", {"t": f"v{i}"})
+        model.put(("a",), f"k{i}", {"t": f"v{i}"})
+    check_all(kv, vectors, model, rng)
+    with kv.write() as txn:
+        txn.delete_range(None, None)
+    model = Model(vectors)
+    for i in range(4):  # the same number of changes: seq 4 again
+        put(kv, vectors, ("b",), f"k{i}", {"t": f"w{i}"})
+        model.put(("b",), f"k{i}", {"t": f"w{i}"})
+    check_all(kv, vectors, model, rng)
+
+
+# -- another process ---------------------------------------------------------------
+
+
+def serve(path: str) -> None:
+    """A second process on the store: JSON commands on stdin, one answer line
+    each on stdout, after the command's transaction committed."""
+    import json
+    import sys
+
+    vectors = Vectors(config(Embedder(), ["t", "u[*]"]))  # type: ignore[arg-type]
+    with LMDBStore(path) as store:
+        for line in sys.stdin:
+            cmd = json.loads(line)
+            ns = tuple(cmd.get("ns", ()))
+            if cmd["op"] == "put":
+                put(store, vectors, ns, cmd["key"], cmd["value"])
+                out: Any = "ok"
+            elif cmd["op"] == "del":
+                put(store, vectors, ns, cmd["key"], None)
+                out = "ok"
+            else:
+                out = ranked(store, vectors, cmd["query"], tuple(cmd["prefix"]))
+            print(json.dumps(out), flush=True)
+
+
+def test_two_processes_see_each_others_acknowledged_writes(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    path = str(tmp_path / "db")
+    tests = str(Path(__file__).parent)
+    child = subprocess.Popen(
+        [sys.executable, "-c", f"import sys; sys.path.insert(0, {tests!r}); "
+         f"from test_kvstore_vectors import serve; serve({path!r})"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert child.stdin is not None and child.stdout is not None
+
+    def ask(**cmd: Any) -> Any:
+        child.stdin.write(json.dumps(cmd) + "\n")  # type: ignore[union-attr]
+        child.stdin.flush()  # type: ignore[union-attr]
+        return json.loads(child.stdout.readline())  # type: ignore[union-attr]
+
+    try:
+        rng = np.random.default_rng(21)
+        vectors = Vectors(config(Embedder(), ["t", "u[*]"]))  # type: ignore[arg-type]
+        model = Model(vectors)
+        with LMDBStore(path) as store:
+            for step in range(120):
+                ns = NAMESPACES[int(rng.integers(3))]
+                key = f"k{int(rng.integers(25))}"
+                value = (
+                    None
+                    if rng.random() < 0.2
+                    else {"t": f"t{step}", "u": [f"u{step}"] * int(rng.integers(3))}
+                )
+                mine = step % 3 == 0
+                if mine:
+                    put(store, vectors, ns, key, value)
+                elif value is None:
+                    assert ask(op="del", ns=ns, key=key) == "ok"
+                else:
+                    assert ask(op="put", ns=ns, key=key, value=value) == "ok"
+                model.put(ns, key, value)
+                query, prefix = f"t{step}", ("a",) if step % 2 else ()
+                want = brute_force(model.stored, fake_vector(query), prefix)
+                check_ranked(ranked(store, vectors, query, prefix), want)
+                theirs = [
+                    (tuple(ns), k, s) for ns, k, s in ask(op="rank", query=query, prefix=prefix)
+                ]
+                check_ranked(theirs, want)
+    finally:
+        child.stdin.close()
+        assert child.wait(timeout=60) == 0

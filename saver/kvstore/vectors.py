@@ -19,9 +19,12 @@ vector); an item scores as its best field.
 
 from __future__ import annotations
 
+import heapq
 import os
+import threading
+from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import ormsgpack
 from kvsaver.kv.keys import pack, prefix_range, unpack
@@ -43,6 +46,15 @@ _COUNTER = "n"
 _LOG = "l"
 COUNTER_KEY = pack((STORE, VECTORS, _COUNTER))
 LOG_KEEP = 4096  # change-log entries kept: a cache further behind rebuilds
+COMPACT_DEAD = 1024  # dead rows a cache keeps before it compacts (if also half)
+
+# The write transactions that changed vectors, by id (each held, so its id
+# is not reused while it is here): (txn, its first seq, whether it made the
+# counter). A search inside one knows what is not committed. The last few
+# only: a search follows its own writes within one transaction.
+_PENDING: dict[int, tuple[Txn, int, bool]] = {}
+_PENDING_KEEP = 64
+_PENDING_LOCK = threading.Lock()
 
 
 def numpy() -> Any:
@@ -97,6 +109,8 @@ class Vectors:
         self.fields: list[tuple[str, str | list[str]]] = [
             (p, p) if p == "$" else (p, tokenize_path(p)) for p in (config.get("fields") or ["$"])
         ]
+        self._lock = threading.Lock()
+        self._cache: _Cache | None = None
 
     # -- texts and embeddings ------------------------------------------------
 
@@ -187,9 +201,15 @@ class Vectors:
         """Bumps the counter and logs the item; the entry that falls out of
         the last ``LOG_KEEP`` goes, so the log stays that long."""
         epoch, seq = read_counter(txn)
+        created = epoch is None
         if epoch is None:
             epoch = os.urandom(8)
         seq += 1
+        with _PENDING_LOCK:
+            if id(txn) not in _PENDING:
+                _PENDING[id(txn)] = (txn, seq, created)
+                while len(_PENDING) > _PENDING_KEEP:
+                    del _PENDING[next(iter(_PENDING))]
         txn.put(COUNTER_KEY, ormsgpack.packb([epoch, seq]))
         txn.put(log_key(seq), ormsgpack.packb([list(ns), key]))
         if seq > LOG_KEEP:
@@ -212,38 +232,274 @@ class Vectors:
         norm = float(self._np.linalg.norm(q))
         return q / norm if norm else q
 
-    def unit_rows(self, matrix: np.ndarray) -> np.ndarray:
-        """Each row over its norm, in place (a zero row stays zero)."""
+    def rows(self, txn: Txn, start: bytes, stop: bytes) -> _Rows:
+        """The records in ``[start, stop)``, as unit rows."""
+        ties: list[bytes] = []
+        items: list[Item] = []
+        blobs: list[bytes] = []
+        for rkey, raw in txn.scan(start, stop):
+            ns, key, _field, vec = self.decode(raw)
+            ties.append(rkey)
+            items.append((ns, key))
+            blobs.append(vec)
         np = self._np
-        norms = np.linalg.norm(matrix, axis=1)
-        norms[norms == 0] = 1
-        matrix /= norms[:, None]
-        return matrix
+        matrix = np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), self.dims)
+        return _Rows(unit_rows(np, matrix.copy()), ties, items)
 
     def ranked(
         self, txn: Txn, query: list[float], ns_prefix: tuple[str, ...]
     ) -> Iterator[tuple[tuple[str, ...], str, float]]:
         """(namespace, key, score) of every item under ``ns_prefix`` that has a
-        vector, best first; ties in key order."""
-        np = self._np
+        vector, best first; ties in key order. Scored on this process's
+        matrix of the vectors, brought to ``txn``'s snapshot first (``_Cache``);
+        the items the matrix cannot hold as ``txn`` sees them (its own
+        uncommitted writes, or changes the matrix is ahead by) are read from
+        ``txn`` and merged in."""
         q = self.query_vector(query)
-        idents: list[tuple[tuple[str, ...], str]] = []
-        blobs: list[bytes] = []
-        for _, raw in txn.scan(*namespace_range(ns_prefix)):
-            ns, key, _field, vec = self.decode(raw)
-            idents.append((ns, key))
-            blobs.append(vec)
-        if not blobs:
+        overlay: set[Item] = set()
+        with self._lock:
+            plan = self._plan(txn)
+            if plan is None:  # the matrix cannot stand for txn: read it all
+                rows = self.rows(txn, *namespace_range(ns_prefix))
+                streams = [_best_first(self._np, rows.matrix @ q, None, rows.ties, rows.items)]
+            else:
+                cache, overlay = plan
+                streams = [cache.scored(q, ns_prefix, overlay)]
+        for ns, key in sorted(overlay):
+            if ns[: len(ns_prefix)] == ns_prefix:
+                rows = self.rows(txn, *prefix_range(item_prefix(ns, key)))
+                streams.append(_best_first(self._np, rows.matrix @ q, None, rows.ties, rows.items))
+        merged = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=_order)
+        seen: set[Item] = set()
+        for score, _tie, item in merged:
+            if item not in seen:
+                seen.add(item)
+                yield item[0], item[1], score
+
+    def _plan(self, txn: Txn) -> tuple[_Cache, set[Item]] | None:
+        """The cache, at a committed state, and the items whose vectors in
+        ``txn`` may differ from the cache's; None when no such pair is known
+        (the caller reads every vector from ``txn``)."""
+        epoch, seq = read_counter(txn)
+        pending = _PENDING.get(id(txn))
+        if pending is not None:  # txn holds writes of ours: committed up to its first
+            committed, created = pending[1] - 1, pending[2]
+            if created:  # the counter is txn's own: nothing committed to cache
+                return None
+        else:
+            committed = seq
+        cache = self._cache
+        if cache is None or cache.epoch != epoch or committed - cache.seq > LOG_KEEP:
+            if pending is not None:
+                return None
+            cache = self._cache = self._built(txn, epoch, seq)
+        elif cache.seq < committed and not cache.replay(txn, self, committed):
+            if pending is not None:
+                return None
+            cache = self._cache = self._built(txn, epoch, seq)
+        overlay: set[Item] = set()
+        if cache.seq > committed:  # another reader brought it past txn's snapshot
+            changed = cache.changed_since(committed)
+            if changed is None:
+                return None
+            overlay |= changed
+        if seq > committed:
+            own = log_entries(txn, committed, seq)
+            if len(own) != seq - committed:
+                return None
+            overlay |= {item for _, item in own}
+        return cache, overlay
+
+    def _built(self, txn: Txn, epoch: bytes | None, seq: int) -> _Cache:
+        return _Cache(self._np, self.dims, epoch, seq, self.rows(txn, *namespace_range(())))
+
+
+Item = tuple[tuple[str, ...], str]
+Scored = tuple[float, bytes, Item]
+
+
+def _order(row: Scored) -> tuple[float, bytes]:
+    return -row[0], row[1]
+
+
+class _Rows(NamedTuple):
+    matrix: np.ndarray  # unit float32 rows
+    ties: list[bytes]  # each row's record key: the order of equal scores
+    items: list[Item]
+
+
+def unit_rows(np: Any, matrix: np.ndarray) -> np.ndarray:
+    """Each row over its norm, in place (a zero row stays zero)."""
+    norms = np.linalg.norm(matrix, axis=1)
+    norms[norms == 0] = 1
+    matrix /= norms[:, None]
+    return matrix
+
+
+def log_entries(txn: Txn, after: int, upto: int) -> list[tuple[int, Item]]:
+    out = []
+    for lkey, raw in txn.scan(*log_range(after, upto)):
+        ns, key = ormsgpack.unpackb(raw)
+        out.append((unpack(lkey)[3], (tuple(ns), key)))
+    return out
+
+
+def _best_first(
+    np: Any, scores: np.ndarray, rows: np.ndarray | None, ties: list[bytes], items: list[Item]
+) -> Iterator[Scored]:
+    """(score, tie, item) of each row, best first, equal scores in tie order;
+    sorted a chunk at a time (the top few first), since a search mostly
+    wants only those. ``rows``: the row of each score (None: its position)."""
+    idx = np.arange(scores.size) if rows is None else rows
+    want = 16
+    while scores.size:
+        if scores.size > want:
+            kth = np.partition(scores, scores.size - want)[scores.size - want]
+            take = scores >= kth
+            top, top_rows = scores[take], idx[take]
+            scores, idx = scores[~take], idx[~take]
+        else:
+            top, top_rows, scores = scores, idx, scores[:0]
+        order = np.argsort(-top, kind="stable")
+        top, top_rows = top[order], top_rows[order]
+        chunk = [(s, ties[r], items[r]) for s, r in zip(top.tolist(), top_rows.tolist())]
+        if (top[1:] == top[:-1]).any():
+            chunk.sort(key=_order)
+        yield from chunk
+        want *= 8
+
+
+class _Cache:
+    """One process's matrix of every stored vector, at one committed state
+    (epoch, seq) of the counter. Rows are never moved while they live: a
+    change marks the item's rows dead and appends its new ones, and a
+    compaction builds new arrays, so a ranking under way keeps reading the
+    arrays and lists it started with. ``history`` remembers the items of the
+    changes it replayed, so a reader whose snapshot is behind the cache
+    knows which items to read from its own snapshot instead."""
+
+    def __init__(self, np: Any, dims: int, epoch: bytes | None, seq: int, rows: _Rows) -> None:
+        self.np, self.dims, self.epoch, self.seq = np, dims, epoch, seq
+        self.history: deque[tuple[int, Item]] = deque()
+        self.history_base = seq  # history holds every change after this seq
+        self.ns_ids: dict[tuple[str, ...], int] = {}
+        self.ns_list: list[tuple[str, ...]] = []
+        self.prefixes: dict[tuple[str, ...], tuple[int, np.ndarray]] = {}
+        self._load(rows)
+
+    def _load(self, rows: _Rows) -> None:
+        np = self.np
+        n = len(rows.items)
+        cap = max(64, n + n // 4)
+        self.matrix = np.zeros((cap, self.dims), dtype=np.float32)
+        self.matrix[:n] = rows.matrix
+        self.alive = np.zeros(cap, dtype=bool)
+        self.alive[:n] = True
+        self.row_ns = np.zeros(cap, dtype=np.int32)
+        self.row_ns[:n] = [self._ns_id(ns) for ns, _ in rows.items]
+        self.n, self.dead = n, 0
+        self.ties, self.items = list(rows.ties), list(rows.items)
+        self.item_rows: dict[Item, list[int]] = {}
+        for i, item in enumerate(self.items):
+            self.item_rows.setdefault(item, []).append(i)
+
+    def _ns_id(self, ns: tuple[str, ...]) -> int:
+        i = self.ns_ids.get(ns)
+        if i is None:
+            i = self.ns_ids[ns] = len(self.ns_list)
+            self.ns_list.append(ns)
+        return i
+
+    def replay(self, txn: Txn, vectors: Vectors, upto: int) -> bool:
+        """Brings the cache to ``upto`` from the log in ``txn``; False when the
+        log no longer reaches back to the cache's seq."""
+        entries = log_entries(txn, self.seq, upto)
+        if len(entries) != upto - self.seq:
+            return False
+        for item in dict.fromkeys(item for _, item in entries):
+            self._remove(item)
+            self._append(vectors.rows(txn, *prefix_range(item_prefix(*item))))
+        self.history.extend(entries)
+        while len(self.history) > LOG_KEEP:
+            self.history_base = self.history.popleft()[0]
+        self.seq = upto
+        if self.dead > max(COMPACT_DEAD, self.n - self.dead):
+            self._compact()
+        return True
+
+    def changed_since(self, seq: int) -> set[Item] | None:
+        """The items changed after ``seq`` up to the cache's; None when the
+        history does not reach back that far."""
+        if seq < self.history_base:
+            return None
+        return {item for s, item in self.history if s > seq}
+
+    def _remove(self, item: Item) -> None:
+        for r in self.item_rows.pop(item, ()):
+            self.alive[r] = False
+            self.dead += 1
+
+    def _append(self, rows: _Rows) -> None:
+        np = self.np
+        m = len(rows.items)
+        if not m:
             return
-        matrix = np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), self.dims)
-        scores = self.unit_rows(matrix.copy()) @ q
-        order = np.argsort(-scores, kind="stable")
-        seen: set[tuple[tuple[str, ...], str]] = set()
-        for i in order.tolist():
-            ident = idents[i]
-            if ident not in seen:
-                seen.add(ident)
-                yield ident[0], ident[1], float(scores[i])
+        if self.n + m > len(self.alive):  # new arrays: rankings under way keep the old
+            cap = max(2 * len(self.alive), self.n + m)
+            self.matrix = _grown(np, self.matrix, self.n, cap)
+            self.alive = _grown(np, self.alive, self.n, cap)
+            self.row_ns = _grown(np, self.row_ns, self.n, cap)
+        lo, hi = self.n, self.n + m
+        self.matrix[lo:hi] = rows.matrix
+        self.alive[lo:hi] = True
+        self.row_ns[lo:hi] = [self._ns_id(ns) for ns, _ in rows.items]
+        self.ties.extend(rows.ties)
+        self.items.extend(rows.items)
+        for i, item in enumerate(rows.items, lo):
+            self.item_rows.setdefault(item, []).append(i)
+        self.n = hi
+
+    def _compact(self) -> None:
+        live = self.np.flatnonzero(self.alive[: self.n])
+        rows = _Rows(self.matrix[live], [self.ties[i] for i in live], [self.items[i] for i in live])
+        self._load(rows)
+
+    def _in_prefix(self, prefix: tuple[str, ...]) -> np.ndarray:
+        """For each namespace id, whether it starts with ``prefix``."""
+        known = self.prefixes.get(prefix)
+        if known is not None and known[0] == len(self.ns_list):
+            return known[1]
+        np = self.np
+        p = len(prefix)
+        lut = np.fromiter((ns[:p] == prefix for ns in self.ns_list), bool, len(self.ns_list))
+        if len(self.prefixes) >= 256:
+            self.prefixes.clear()
+        self.prefixes[prefix] = (len(self.ns_list), lut)
+        return lut
+
+    def scored(
+        self, q: np.ndarray, prefix: tuple[str, ...], leave_out: set[Item]
+    ) -> Iterator[Scored]:
+        """The live rows under ``prefix``, except ``leave_out``'s, scored
+        against ``q`` now and ranked lazily (see ``_best_first``)."""
+        np, n = self.np, self.n
+        mask = self.alive[:n].copy()
+        if prefix:
+            mask &= self._in_prefix(prefix)[self.row_ns[:n]]
+        for item in leave_out:
+            mask[self.item_rows.get(item, [])] = False
+        rows = np.flatnonzero(mask)
+        if rows.size * 3 < n:  # few rows: gather them rather than score all
+            scores = self.matrix[rows] @ q
+        else:
+            scores = (self.matrix[:n] @ q)[rows]
+        return _best_first(np, scores, rows, self.ties, self.items)
+
+
+def _grown(np: Any, arr: np.ndarray, n: int, cap: int) -> np.ndarray:
+    out = np.zeros((cap, *arr.shape[1:]), dtype=arr.dtype)
+    out[:n] = arr[:n]
+    return out
 
 
 def unpack_key(key: bytes) -> tuple[Any, ...]:
