@@ -26,7 +26,8 @@ class Reference(InMemoryStore):
     namespace that holds nothing adds that namespace (to its listings, and
     at that place in its search order), and a namespace whose items were all
     deleted stays in ``list_namespaces`` (SqliteStore and PostgresStore list
-    the namespaces of stored items, as KVStore does)."""
+    the namespaces of stored items, as KVStore does). And one bug: two puts
+    of one batch with the same text to embed raise (``_insertinmem_store``)."""
 
     def _prepare_ops(self, ops: Any) -> Any:
         before = set(self._data)
@@ -36,15 +37,24 @@ class Reference(InMemoryStore):
             self._forget_new_empty(before)
 
     def _apply_put_ops(self, put_ops: Any) -> None:
-        before = set(self._data)
-        try:
-            super()._apply_put_ops(put_ops)
-        finally:
-            self._forget_new_empty(before)
+        for where, op in put_ops.items():  # one by one: a delete adds none either
+            before = set(self._data)
+            try:
+                super()._apply_put_ops({where: op})
+            finally:
+                self._forget_new_empty(before)
 
     def _forget_new_empty(self, before: set[tuple[str, ...]]) -> None:
         for ns in [ns for ns, items in self._data.items() if not items and ns not in before]:
             del self._data[ns]
+
+    def _insertinmem_store(self, to_embed: Any, embeddings: Any) -> None:
+        # InMemoryStore embeds each distinct text once, then pairs the vectors
+        # with every (namespace, key, path) and raises when two puts of one
+        # batch share a text: here each text's vector goes to all of its places.
+        for places, vector in zip(to_embed.values(), embeddings, strict=True):
+            for ns, key, path in places:
+                self._vectors[ns][key][path] = vector
 
     def _handle_list_namespaces(self, op: Any) -> Any:
         data = self._data
@@ -55,13 +65,36 @@ class Reference(InMemoryStore):
             self._data = data
 
 
-def comparable(result: Any) -> Any:
+def embed(texts: list[str]) -> list[list[float]]:
+    """A deterministic embedding (no network): a seeded random float32
+    vector per text, so equal texts tie exactly and the stored float32
+    vectors are the ones InMemoryStore computes with."""
+    import hashlib
+
+    import numpy as np
+
+    out = []
+    for text in texts:
+        seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+        v = np.random.default_rng(seed).standard_normal(8).astype(np.float32)
+        out.append([float(x) for x in v])
+    return out
+
+
+def comparable(result: Any, expected: bool = False) -> Any:
     """A batch result without timestamps (InMemoryStore sets created_at anew
-    at each put; LangGraph's Item defines it as the item's creation)."""
+    at each put; LangGraph's Item defines it as the item's creation);
+    ``expected``: the reference's, its scores to within float32 rounding
+    (vectors are stored as float32, InMemoryStore computes in float64)."""
     if isinstance(result, list):
-        return [comparable(r) for r in result]
+        return [comparable(r, expected) for r in result]
     if isinstance(result, SearchItem):
-        return ("S", result.namespace, result.key, result.value, result.score)
+        score = result.score
+        if score is not None and expected:
+            import pytest
+
+            score = pytest.approx(score, abs=1e-5)
+        return ("S", result.namespace, result.key, result.value, score)
     if isinstance(result, Item):
         return ("I", result.namespace, result.key, result.value)
     return result
