@@ -119,9 +119,8 @@ def open_store(backend: str, **options: Any) -> Iterator[KVStore]:
             finally:
                 store.close()
         return
-    from pg_helpers import drop_tables, shared_pool, shared_server, unique_table
-
     from kvsaver.kv import PostgresStore
+    from pg_helpers import drop_tables, shared_pool, shared_server, unique_table
 
     table = unique_table("kvs")
     kv = PostgresStore(shared_pool(), table=table)
@@ -159,9 +158,8 @@ def writer(path: str, name: str, n: int, ack: str, pause: float = 0.0) -> None:
 def graph_writer(path: str, user: str, text: str, thread: str) -> None:
     """The memory graph of test_kvstore_graph.py, run once in this process."""
     sys.path.insert(0, os.path.dirname(__file__))
-    from kvstore_graph import build
-
     from kvsaver import KVSaver
+    from kvstore_graph import build
 
     with KVSaver(path) as saver, KVStore(path) as store:
         graph = build(saver, store)
@@ -176,10 +174,7 @@ def reader(path: str, out: str) -> None:
     """Every item of ("shared",) and the memories, as JSON in ``out``."""
     with KVStore(path, readonly=True) as store:
         shared = [i.key for i in store.search(("shared",), limit=100000)]
-        memories = {
-            ".".join(i.namespace): i.value
-            for i in store.search(("memories",), limit=1000)
-        }
+        memories = {".".join(i.namespace): i.value for i in store.search(("memories",), limit=1000)}
     with open(out, "w") as f:
         json.dump({"shared": shared, "memories": memories}, f)
 

@@ -47,7 +47,9 @@ filters = st.one_of(
         ]
     ),
 )
-puts = st.builds(lambda n, k, v: PutOp(n, k, v), namespaces, keys, st.one_of(st.none(), values, values))
+puts = st.builds(
+    lambda n, k, v: PutOp(n, k, v), namespaces, keys, st.one_of(st.none(), values, values)
+)
 gets = st.builds(lambda n, k: GetOp(n, k), namespaces, keys)
 searches = st.builds(
     lambda p, f, limit, offset: SearchOp(p, f, limit, offset),
@@ -137,9 +139,7 @@ text_values = st.builds(lambda v, t: {**v, "text": t}, values, texts)
 vector_puts = st.builds(
     lambda n, k, v: PutOp(n, k, v), namespaces, keys, st.one_of(st.none(), text_values, text_values)
 )
-unindexed = st.builds(
-    lambda n, v: PutOp(n, "unindexed", v, index=False), namespaces, values
-)
+unindexed = st.builds(lambda n, v: PutOp(n, "unindexed", v, index=False), namespaces, values)
 queries = st.builds(
     lambda p, f, limit, offset, q: SearchOp(p, f, limit, offset, q),
     st.lists(labels, max_size=2).map(tuple),

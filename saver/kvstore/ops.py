@@ -14,10 +14,9 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 import ormsgpack
-from langgraph.store.base import GetOp, Item, ListNamespacesOp, SearchItem, SearchOp
-
 from kvsaver.kv.keys import unpack
 from kvsaver.kv.store import Txn
+from langgraph.store.base import GetOp, Item, ListNamespacesOp, SearchItem, SearchOp
 
 from . import checks as CK
 from . import keyspace as KS
