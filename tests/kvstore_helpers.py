@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from kvsaver import KVStore
-from langgraph.store.base import Item, SearchItem
+from langgraph.store.base import Item, PutOp, SearchItem
 from langgraph.store.memory import InMemoryStore
 
 STORE_BACKENDS = ["memory", "lmdb", "postgres"]
@@ -133,6 +133,54 @@ def open_store(backend: str, **options: Any) -> Iterator[KVStore]:
         drop_tables(shared_server().url, [table])
 
 
+def problems(store: KVStore) -> list[str]:
+    """What is inconsistent among the store's records: every key entry names
+    its item and every item its key entry, expiry entries and items agree,
+    namespaces have both records (a torn write would break one of these)."""
+    from kvsaver.kv.keys import unpack
+    from kvsaver.kvstore import keyspace as KS
+
+    out: list[str] = []
+    with store.store.read() as txn:
+        lo, hi = KS.store_range()
+        rows = {k: v for k, v in txn.scan(lo, hi)}
+    items: dict[tuple[int, int], KS.ItemRecord] = {}
+    keys: dict[tuple[int, Any], int] = {}
+    spaces: dict[int, tuple[str, ...]] = {}
+    ids: dict[int, tuple[str, ...]] = {}
+    expiries = set()
+    for k, v in rows.items():
+        t = unpack(k)
+        if t[1] == KS.ITEM:
+            items[(t[2], t[3])] = KS.decode_item(v)
+        elif t[1] == KS.KEY:
+            keys[(t[2], t[3])] = KS.decode_seq(v)
+        elif t[1] == KS.NS:
+            ns_id, labels = KS.decode_namespace(v)
+            spaces[ns_id] = labels
+        elif t[1] == KS.NS_ID:
+            ids[t[2]] = KS.decode_labels(v)
+        elif t[1] == KS.EXPIRY:
+            expiries.add(KS.expiry_ids(k))
+    if spaces != ids:
+        out.append(f"namespace records disagree: {spaces} vs {ids}")
+    for (ns_id, seq), rec in items.items():
+        if ns_id not in ids:
+            out.append(f"item {seq} of an unknown namespace {ns_id}")
+        if keys.get((ns_id, KS.k(rec.key))) != seq:
+            out.append(f"item {rec.key!r} of {ns_id} has no key entry")
+        if rec.expires_ms is not None and (rec.expires_ms, ns_id, seq) not in expiries:
+            out.append(f"item {rec.key!r} of {ns_id} has no expiry entry")
+    for (ns_id, _), seq in keys.items():
+        if (ns_id, seq) not in items:
+            out.append(f"key entry {ns_id}/{seq} without its item")
+    for expires, ns_id, seq in expiries:
+        rec = items.get((ns_id, seq))
+        if rec is None or rec.expires_ms != expires:
+            out.append(f"expiry entry {expires}/{ns_id}/{seq} without its item")
+    return out
+
+
 # -- workers (separate processes) ------------------------------------------------
 
 
@@ -144,12 +192,23 @@ def _ack(path: str, line: str) -> None:
 
 
 def writer(path: str, name: str, n: int, ack: str, pause: float = 0.0) -> None:
-    """Put ``n`` items into ("w", name) and ("shared",), acknowledging each
-    after its put returned."""
+    """Put ``n`` items into ("w", name) (every other one with a TTL) and, in
+    the same batch, ("shared",); acknowledge each after its batch returned."""
     with KVStore(path) as store:
         for i in range(n):
-            store.put(("w", name), f"k{i}", {"i": i, "by": name, "pad": "x" * (i % 7) * 100})
-            store.put(("shared",), f"{name}-{i}", {"i": i})
+            store.batch(
+                [
+                    PutOp(
+                        ("w", name),
+                        f"k{i}",
+                        {"i": i, "by": name, "pad": "x" * (i % 7) * 100},
+                        ttl=60 if i % 2 else None,
+                    ),
+                    PutOp(("shared",), f"{name}-{i}", {"i": i}),
+                ]
+            )
+            if i % 5 == 4:  # and rewrite an older one: updates are killed too
+                store.put(("w", name), f"k{i - 3}", {"i": i - 3, "by": name, "again": True})
             _ack(ack, f"{name} {i}")
             if pause:
                 time.sleep(pause)
