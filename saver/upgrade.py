@@ -28,9 +28,8 @@ from typing import Any
 from kvsaver.kv import CorruptStoreError, FormatVersionError, Store, Txn
 from kvsaver.kv.keys import pack, unpack
 
-from .kvstore.keyspace import store_range
-
 from . import schema as S
+from .kvstore.keyspace import store_range
 
 _CHUNK = 4096  # keys per scan while rewriting: the scan never holds a whole keyspace
 

@@ -14,8 +14,9 @@ from langgraph.store.base import InvalidNamespaceError, MatchCondition
 __all__ = [
     "OPERATORS",
     "check_filter",
-    "check_labels",
     "check_page",
+    "conditions",
+    "labels",
     "matches",
     "namespace_matches",
     "pack_value",
@@ -24,13 +25,16 @@ __all__ = [
 OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"})
 
 
-def check_labels(namespace: Any, what: str = "namespace") -> None:
-    """The rules of LangGraph's ``_validate_namespace_labels``: a tuple of
-    non-empty strings without "." or NUL (``"*"`` allowed in a match path)."""
-    if not isinstance(namespace, tuple):
+def labels(namespace: Any, what: str = "namespace") -> tuple[str, ...]:
+    """A namespace as a tuple (a list is taken, as LangGraph's stores take
+    it), by the rules of LangGraph's ``_validate_namespace_labels``:
+    non-empty strings without "." or NUL ("*" allowed: a wildcard in a
+    match path)."""
+    if isinstance(namespace, (str, bytes)) or not isinstance(namespace, (tuple, list)):
         raise InvalidNamespaceError(
             f"{what} must be a tuple of strings, got {type(namespace).__name__}: {namespace!r}"
         )
+    namespace = tuple(namespace)
     for label in namespace:
         if not isinstance(label, str):
             raise InvalidNamespaceError(
@@ -51,6 +55,7 @@ def check_labels(namespace: Any, what: str = "namespace") -> None:
             raise InvalidNamespaceError(
                 f"Namespace labels cannot be empty strings. Got {label!r} in {namespace!r}"
             )
+    return namespace
 
 
 def check_page(limit: Any, offset: Any, what: str) -> None:
@@ -158,14 +163,21 @@ def _apply(value: Any, op: str, operand: Any) -> bool:
     return x <= y  # $lte (operators are checked before a search runs)
 
 
-def check_conditions(conditions: Any) -> None:
-    for c in conditions or ():
-        if not isinstance(c, MatchCondition) and not (isinstance(c, tuple) and len(c) == 2):
-            raise TypeError(f"list_namespaces: a match condition must be a MatchCondition, got {c!r}")
+def conditions(given: Any) -> tuple[MatchCondition, ...]:
+    """list_namespaces' match conditions, checked, their paths as tuples."""
+    out = []
+    for c in given or ():
+        if not isinstance(c, tuple) or len(c) != 2:
+            raise TypeError(
+                f"list_namespaces: a match condition must be a MatchCondition, got {c!r}"
+            )
         match_type, path = c
         if match_type not in ("prefix", "suffix"):
-            raise ValueError(f"list_namespaces: match_type must be 'prefix' or 'suffix', got {match_type!r}")
-        check_labels(path, "a match condition's path")
+            raise ValueError(
+                f"list_namespaces: match_type must be 'prefix' or 'suffix', got {match_type!r}"
+            )
+        out.append(MatchCondition(match_type, labels(path, "a match condition's path")))
+    return tuple(out)
 
 
 def namespace_matches(conditions: Sequence[MatchCondition] | None, ns: tuple[str, ...]) -> bool:

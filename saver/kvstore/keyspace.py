@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import ormsgpack
-
 from kvsaver.kv.keys import pack, prefix_range, unpack
 
 from ..keyspace import k

@@ -14,10 +14,9 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 import ormsgpack
-from langgraph.store.base import GetOp, Item, ListNamespacesOp, SearchItem, SearchOp
-
 from kvsaver.kv.keys import unpack
 from kvsaver.kv.store import Txn
+from langgraph.store.base import GetOp, Item, ListNamespacesOp, SearchItem, SearchOp
 
 from . import checks as CK
 from . import keyspace as KS
@@ -30,6 +29,10 @@ __all__ = ["Run"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _Hit = tuple[int, int, KS.ItemRecord]  # ns id, seq, record
+# Scores this close are a tie (returned in insertion order, as InMemoryStore's
+# stable sort returns equal scores): one vector stored twice can score a few
+# float32 ulps apart, by where its rows sit in the matrix.
+_TIE = 1e-6
 
 
 def when(us: int) -> datetime:
@@ -186,13 +189,13 @@ class Run:
         self, op: SearchOp, query: list[float], labels: dict[int, tuple[str, ...]]
     ) -> list[tuple[int, int, KS.ItemRecord, Any, float | None]]:
         """InMemoryStore's order: items with vectors by their best score
-        (ties in insertion order), ``offset`` skipped and ``limit`` kept;
+        (ties, within ``_TIE``, in insertion order), ``offset`` skipped and ``limit`` kept;
         then, while fewer than ``limit``, items without vectors in order."""
         assert self.vectors is not None
         kept: list[tuple[int, int, KS.ItemRecord, Any, float | None]] = []
         skip, want = op.offset, op.limit
         group: list[tuple[int, int, KS.ItemRecord, Any, float | None]] = []
-        group_score: float | None = None
+        group_score = 0.0  # the best score of the group
 
         def flush() -> bool:
             nonlocal skip
@@ -210,11 +213,12 @@ class Run:
         done = want == 0
         if not done:
             for ns, key, score in self.vectors.ranked(self.txn, query, op.namespace_prefix):
-                if score != group_score and group:
+                if group and abs(score - group_score) > _TIE:
                     if flush():
                         done = True
                         break
-                group_score = score
+                if not group:
+                    group_score = score
                 ns_id = self.ns_id(ns)
                 hit = None if ns_id is None else self.lookup(ns_id, key)
                 if ns_id is None or hit is None or not self.live(hit[1]):

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvsaver.kv.store import FormatVersionError, Store
 from langgraph.store.base import (
     BaseStore,
     GetOp,
@@ -31,8 +32,6 @@ from langgraph.store.base import (
     SearchOp,
     TTLConfig,
 )
-
-from kvsaver.kv.store import FormatVersionError, Store
 
 from .. import backends as B
 from ..pool import Pool
@@ -136,9 +135,11 @@ class KVStore(BaseStore):
         if raw is None:
             if not self.store.readonly:
                 self.store.transact(
-                    lambda txn: None
-                    if txn.get(KS.SCHEMA_KEY) is not None
-                    else txn.put(KS.SCHEMA_KEY, KS.encode_schema())
+                    lambda txn: (
+                        None
+                        if txn.get(KS.SCHEMA_KEY) is not None
+                        else txn.put(KS.SCHEMA_KEY, KS.encode_schema())
+                    )
                 )
             return
         version = KS.decode_schema(raw)
@@ -147,6 +148,17 @@ class KVStore(BaseStore):
                 f"this store's items were written by kvstore format {version}; this version "
                 f"of kvsaver reads format {KS.FORMAT}. Upgrade kvsaver."
             )
+
+    @property
+    def embeddings(self) -> Any:
+        """The index's embeddings (LangChain ``Embeddings``), None without an index."""
+        return None if self._vectors is None else self._vectors.embeddings
+
+    def setup(self) -> B.Done:
+        """Nothing to set up (the store is ready when opened): here, as in
+        SqliteStore and PostgresStore, so code that calls it runs unchanged;
+        awaitable, for AsyncSqliteStore and AsyncPostgresStore code."""
+        return B.DONE
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -176,11 +188,11 @@ class KVStore(BaseStore):
 
     def _prepare(self, ops: Iterable[Op]) -> Plan:
         """Every op checked, before anything is embedded, read or written."""
-        ops = list(ops)
+        checked: list[Op] = []
         puts: dict[tuple[tuple[str, ...], str], Put] = {}
         for op in ops:
             if isinstance(op, PutOp):
-                CK.check_labels(op.namespace)
+                op = op._replace(namespace=CK.labels(op.namespace))
                 _check_key(op.key)
                 value = None if op.value is None else CK.pack_value(op.value)
                 _check_index(op.index)
@@ -190,22 +202,25 @@ class KVStore(BaseStore):
                     p.texts = self._vectors.texts(dict(op.value), op.index)
                 puts[(op.namespace, op.key)] = p  # the last put of a key wins
             elif isinstance(op, GetOp):
-                CK.check_labels(op.namespace)
+                op = op._replace(namespace=CK.labels(op.namespace))
                 _check_key(op.key)
             elif isinstance(op, SearchOp):
-                CK.check_labels(op.namespace_prefix, "namespace_prefix")
+                op = op._replace(
+                    namespace_prefix=CK.labels(op.namespace_prefix, "namespace_prefix")
+                )
                 CK.check_filter(op.filter)
                 CK.check_page(op.limit, op.offset, "search")
                 if op.query is not None and not isinstance(op.query, str):
                     raise TypeError(f"search query must be a str, got {type(op.query).__name__}")
             elif isinstance(op, ListNamespacesOp):
-                CK.check_conditions(op.match_conditions)
+                op = op._replace(match_conditions=CK.conditions(op.match_conditions))
                 CK.check_page(op.limit, op.offset, "list_namespaces")
                 if op.max_depth is not None and (type(op.max_depth) is not int or op.max_depth < 0):
                     raise ValueError(f"max_depth must be an int >= 0, got {op.max_depth!r}")
             else:
                 raise ValueError(f"Unknown operation type: {type(op)}")
-        return Plan(ops, puts)
+            checked.append(op)
+        return Plan(checked, puts)
 
     def _wanted(self, plan: Plan) -> tuple[list[str], list[str]]:
         texts = [t for p in plan.puts.values() for _, t in p.texts]
@@ -216,7 +231,9 @@ class KVStore(BaseStore):
             )
         return texts, queries
 
-    def _embedded(self, plan: Plan, vectors: list[list[float]], queries: dict[str, list[float]]) -> None:
+    def _embedded(
+        self, plan: Plan, vectors: list[list[float]], queries: dict[str, list[float]]
+    ) -> None:
         it = iter(vectors)
         for p in plan.puts.values():
             p.vectors = [(path, next(it)) for path, _ in p.texts]
@@ -338,7 +355,12 @@ def _check_index(index: Any) -> None:
 def _check_ttl(ttl: Any) -> None:
     if ttl is None:
         return
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not math.isfinite(ttl) or ttl <= 0:
+    if (
+        isinstance(ttl, bool)
+        or not isinstance(ttl, (int, float))
+        or not math.isfinite(ttl)
+        or ttl <= 0
+    ):
         raise ValueError(f"ttl must be a number of minutes > 0 or None, got {ttl!r}")
 
 
@@ -351,6 +373,7 @@ def _check_ttl_config(cfg: Mapping[str, Any]) -> None:
         raise ValueError(f"unknown TTLConfig keys {sorted(unknown)}; known: {sorted(_TTL_KEYS)}")
     _check_ttl(cfg.get("default_ttl"))
     every = cfg.get("sweep_interval_minutes")
-    if every is not None and (isinstance(every, bool) or not isinstance(every, (int, float)) or every <= 0):
+    if every is not None and (
+        isinstance(every, bool) or not isinstance(every, (int, float)) or every <= 0
+    ):
         raise ValueError(f"sweep_interval_minutes must be a number > 0 or None, got {every!r}")
-
