@@ -273,9 +273,9 @@ class Vectors:
             streams = [_best_first(self._np, scores, rows, ties, items)]
         for ns, key in sorted(overlay):
             if ns[: len(ns_prefix)] == ns_prefix:
-                rows = self.rows(txn, *prefix_range(item_prefix(ns, key)))
-                scores = dot(rows.matrix, q)
-                streams.append(_best_first(self._np, scores, None, rows.ties, rows.items))
+                own = self.rows(txn, *prefix_range(item_prefix(ns, key)))
+                scores = dot(own.matrix, q)
+                streams.append(_best_first(self._np, scores, None, own.ties, own.items))
         merged = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=_order)
         seen: set[Item] = set()
         for score, _tie, item in merged:
