@@ -536,3 +536,17 @@ def test_two_processes_see_each_others_acknowledged_writes(tmp_path: Path) -> No
     finally:
         child.stdin.close()
         assert child.wait(timeout=60) == 0
+
+
+def test_ranked_without_vecdot_is_the_same(kv: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """numpy before 2.0 has no vecdot: einsum computes the same ranking."""
+    rng = np.random.default_rng(23)
+    vectors = Vectors(config(Embedder(), ["t"]))  # type: ignore[arg-type]
+    model = Model(vectors)
+    for i in range(60):
+        put(kv, vectors, NAMESPACES[i % 3], f"k{i}", {"t": f"v{i}"})
+        model.put(NAMESPACES[i % 3], f"k{i}", {"t": f"v{i}"})
+    check_all(kv, vectors, model, rng)
+    if hasattr(np, "vecdot"):
+        monkeypatch.delattr(np, "vecdot")
+    check_all(kv, vectors, model, rng)

@@ -53,7 +53,7 @@ COMPACT_DEAD = 1024  # dead rows a cache keeps before it compacts (if also half)
 # counter). A search inside one knows what is not committed. The last few
 # only: a search follows its own writes within one transaction.
 _PENDING: dict[int, tuple[Txn, int, bool]] = {}
-_PENDING_KEEP = 64
+_PENDING_KEEP = 16
 _PENDING_LOCK = threading.Lock()
 
 
@@ -259,16 +259,23 @@ class Vectors:
         overlay: set[Item] = set()
         with self._lock:
             plan = self._plan(txn)
-            if plan is None:  # the matrix cannot stand for txn: read it all
-                rows = self.rows(txn, *namespace_range(ns_prefix))
-                streams = [_best_first(self._np, rows.matrix @ q, None, rows.ties, rows.items)]
-            else:
+            if plan is not None:
                 cache, overlay = plan
-                streams = [cache.scored(q, ns_prefix, overlay)]
+                matrix, rows, ties, items = cache.candidates(ns_prefix, overlay)
+        if plan is None:  # the matrix cannot stand for txn: read it all
+            every = self.rows(txn, *namespace_range(ns_prefix))
+            streams = [_best_first(self._np, dot(every.matrix, q), None, every.ties, every.items)]
+        else:  # scored outside the lock: those rows do not change (see _Cache)
+            if rows.size * 3 < len(matrix):  # few rows: gather them rather than score all
+                scores = dot(matrix[rows], q)
+            else:
+                scores = dot(matrix, q)[rows]
+            streams = [_best_first(self._np, scores, rows, ties, items)]
         for ns, key in sorted(overlay):
             if ns[: len(ns_prefix)] == ns_prefix:
-                rows = self.rows(txn, *prefix_range(item_prefix(ns, key)))
-                streams.append(_best_first(self._np, rows.matrix @ q, None, rows.ties, rows.items))
+                own = self.rows(txn, *prefix_range(item_prefix(ns, key)))
+                scores = dot(own.matrix, q)
+                streams.append(_best_first(self._np, scores, None, own.ties, own.items))
         merged = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=_order)
         seen: set[Item] = set()
         for score, _tie, item in merged:
@@ -326,6 +333,17 @@ class _Rows(NamedTuple):
     matrix: np.ndarray  # unit float32 rows
     ties: list[bytes]  # each row's record key: the order of equal scores
     items: list[Item]
+
+
+def dot(matrix: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Each row's dot product with ``q``: numpy's own single-threaded SIMD
+    loop (``vecdot``, numpy 2), not BLAS's matrix-vector product, whose
+    threads wait on each other on a busy machine (docs/performance.md)."""
+    np = numpy()
+    vecdot = getattr(np, "vecdot", None)
+    if vecdot is not None:
+        return vecdot(matrix, q)
+    return np.einsum("ij,j->i", matrix, q)
 
 
 def unit_rows(np: Any, matrix: np.ndarray) -> np.ndarray:
@@ -477,23 +495,19 @@ class _Cache:
         self.prefixes[prefix] = (len(self.ns_list), lut)
         return lut
 
-    def scored(
-        self, q: np.ndarray, prefix: tuple[str, ...], leave_out: set[Item]
-    ) -> Iterator[Scored]:
-        """The live rows under ``prefix``, except ``leave_out``'s, scored
-        against ``q`` now and ranked lazily (see ``_best_first``)."""
-        np, n = self.np, self.n
+    def candidates(
+        self, prefix: tuple[str, ...], leave_out: set[Item]
+    ) -> tuple[np.ndarray, np.ndarray, list[bytes], list[Item]]:
+        """The matrix's rows in use, the live ones under ``prefix`` except
+        ``leave_out``'s, and the rows' ties and items: what a ranking reads,
+        unchanged by later changes to the cache."""
+        n = self.n
         mask = self.alive[:n].copy()
         if prefix:
             mask &= self._in_prefix(prefix)[self.row_ns[:n]]
         for item in leave_out:
             mask[self.item_rows.get(item, [])] = False
-        rows = np.flatnonzero(mask)
-        if rows.size * 3 < n:  # few rows: gather them rather than score all
-            scores = self.matrix[rows] @ q
-        else:
-            scores = (self.matrix[:n] @ q)[rows]
-        return _best_first(np, scores, rows, self.ties, self.items)
+        return self.matrix[:n], self.np.flatnonzero(mask), self.ties, self.items
 
 
 def _grown(np: Any, arr: np.ndarray, n: int, cap: int) -> np.ndarray:
