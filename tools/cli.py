@@ -116,7 +116,8 @@ def cli() -> None:
     pass
 
 
-for _command in [*STORAGE_COMMANDS, migrate_command, store_group]:
+_COMMANDS: list[click.Command] = [*STORAGE_COMMANDS, migrate_command, store_group]
+for _command in _COMMANDS:
     cli.add_command(_command)
 
 
