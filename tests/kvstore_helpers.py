@@ -123,7 +123,9 @@ def open_store(backend: str, **options: Any) -> Iterator[KVStore]:
     from pg_helpers import drop_tables, shared_pool, shared_server, unique_table
 
     table = unique_table("kvs")
-    kv = PostgresStore(shared_pool(), table=table)
+    pool = shared_pool()
+    pool.check()  # drop connections a server restart (test_postgres's faults) ended
+    kv = PostgresStore(pool, table=table)
     store = KVStore(kv, **options)
     try:
         yield store

@@ -38,6 +38,7 @@ __all__ = [
     "item_key",
     "items_range",
     "key_key",
+    "namespace_elements",
     "namespace_key",
     "namespace_prefix_range",
     "ns_id_key",
@@ -62,10 +63,11 @@ def store_range() -> tuple[bytes, bytes]:
     return prefix_range((STORE,))
 
 
-def _ns_elements(labels: Sequence[str]) -> tuple[list[Any], bool]:
+def namespace_elements(labels: Sequence[str]) -> tuple[list[Any], bool]:
     """The key elements of a namespace's labels, and whether they are exact
     (no tail surrogate): an element of label i depends only on labels 0..i,
-    so a namespace's elements start with those of each of its prefixes."""
+    so a namespace's elements start with those of each of its prefixes.
+    For any key that holds a namespace: it stays under LMDB's limit."""
     out: list[Any] = []
     size = 0
     for i, label in enumerate(labels):
@@ -81,14 +83,14 @@ def _ns_elements(labels: Sequence[str]) -> tuple[list[Any], bool]:
 
 
 def namespace_key(labels: Sequence[str]) -> bytes:
-    return pack((STORE, NS, *_ns_elements(labels)[0]))
+    return pack((STORE, NS, *namespace_elements(labels)[0]))
 
 
 def namespace_prefix_range(prefix: Sequence[str]) -> tuple[bytes, bytes, bool]:
     """``(start, stop, exact)``: the namespace keys of ``prefix`` and every
     namespace under it (start inclusive). Not exact: the range holds more
     (the prefix runs past the key budget), filter by the records' labels."""
-    elements, exact = _ns_elements(prefix)
+    elements, exact = namespace_elements(prefix)
     if not exact:
         elements = elements[:-1]
     p = pack((STORE, NS, *elements))
