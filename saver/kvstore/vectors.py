@@ -11,7 +11,12 @@ field besides the vector (float32 bytes, as the embedder gave it).
 
 Every change of an item's vectors also bumps a counter and appends the item
 to a change log, so that a process's cached matrix of the vectors can catch
-up with any read transaction by replaying the log.
+up with any read transaction by replaying the log (``_Cache``). So every
+change goes through ``write``/``delete``; removing the whole keyspace, the
+counter with it, is seen too (a new counter has a new epoch).
+
+Search is exact, a scan of the cached matrix: an ANN index was measured and
+not taken (docs/performance.md, "Vector search").
 
 Scores are cosine similarities as InMemoryStore computes them (0 for a zero
 vector); an item scores as its best field.
