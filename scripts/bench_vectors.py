@@ -3,6 +3,7 @@ SqliteStore's (sqlite-vec) and two ANN indexes (usearch, faiss HNSW), on one
 deterministic workload (seeded random unit vectors, no network).
 
     python scripts/bench_vectors.py [N ...]      # default: 10000 100000
+    python scripts/bench_vectors.py --no-ann N   # KVStore and SqliteStore only
 
 Needs numpy, usearch and faiss-cpu, and a Python whose sqlite3 can load
 extensions (SqliteStore loads sqlite-vec). Query rounds rotate the order of
@@ -46,9 +47,7 @@ def workload(n: int, dims: int = DIMS, seed: int = 0, queries: int = QUERIES) ->
     qtable = {f"query {j}": j for j in range(queries)}
 
     def embed(texts: list[str]) -> list[list[float]]:
-        return [
-            (docs[table[t]] if t in table else qs[qtable[t]]).tolist() for t in texts
-        ]
+        return [(docs[table[t]] if t in table else qs[qtable[t]]).tolist() for t in texts]
 
     items = [(("docs", f"u{i % 10}"), f"k{i}", {"text": f"doc {i}"}) for i in range(n)]
     return {"docs": docs, "queries": qs, "embed": embed, "items": items,
@@ -100,7 +99,7 @@ class Kvstore:
 
     def update(self, i: int) -> float:
         """One re-put, then the time of the search that takes it in."""
-        ns, key, value = self.w["items"][i]
+        ns, key, _ = self.w["items"][i]
         with self.store.write() as txn:
             self.vectors.write(txn, ns, key, [("text", self.w["docs"][i].tolist())])
         t = time.perf_counter()
@@ -207,12 +206,12 @@ class FaissHnsw:
 SYSTEMS: list[Callable[[dict[str, Any], str], Any]] = [Kvstore, Sqlite, Usearch, FaissHnsw]
 
 
-def run(n: int) -> list[dict[str, Any]]:
+def run(n: int) -> tuple[list[dict[str, Any]], list[tuple[str, int, float, float]]]:
     w = workload(n)
     want = [exact_top(w["docs"], q) for q in w["queries"]]
     root = tempfile.mkdtemp(prefix="kvvec-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
     try:
-        systems = [make(w, root) for make in SYSTEMS]
+        systems = [make(w, root) for make in SYSTEMS[: 2 if "--no-ann" in sys.argv else None]]
         times: dict[str, list[float]] = {s.name: [] for s in systems}
         got: dict[str, list[list[int]]] = {s.name: [] for s in systems}
         for r, q in enumerate(w["queries"]):  # rounds rotate the order
@@ -247,7 +246,7 @@ def run(n: int) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    sizes = [int(a) for a in sys.argv[1:]] or [10_000, 100_000]
+    sizes = [int(a) for a in sys.argv[1:] if a.isdigit()] or [10_000, 100_000]
     print("| n | system | query ms (median) | vs SqliteStore | recall@10 | load s | "
           "index build s | update+query ms | memory MB |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
