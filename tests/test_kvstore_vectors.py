@@ -550,3 +550,53 @@ def test_ranked_without_vecdot_is_the_same(kv: Store, monkeypatch: pytest.Monkey
     if hasattr(np, "vecdot"):
         monkeypatch.delattr(np, "vecdot")
     check_all(kv, vectors, model, rng)
+
+
+def test_threads_searching_while_one_writes_each_see_their_snapshot(tmp_path: Path) -> None:
+    """Readers on threads, each at its own snapshot, while a writer commits:
+    each search equals the brute force of the state its snapshot holds (the
+    cache is brought forward by one reader while another is behind it)."""
+    import threading
+
+    rng = np.random.default_rng(29)
+    vectors = Vectors(config(Embedder(), ["t"]))  # type: ignore[arg-type]
+    model = Model(vectors)
+    ops = []
+    states = {0: model.copy()}
+    for seq in range(1, 201):  # every op changes vectors: one seq each
+        ns, key = NAMESPACES[int(rng.integers(3))], f"k{int(rng.integers(30))}"
+        value = {"t": f"v{seq}"}
+        ops.append((ns, key, value))
+        model.put(ns, key, value)
+        states[seq] = model.copy()
+    problems: list[str] = []
+    with LMDBStore(tmp_path / "db") as store:
+        done = threading.Event()
+
+        def write() -> None:
+            try:
+                for ns, key, value in ops:
+                    put(store, vectors, ns, key, value)
+            finally:
+                done.set()
+
+        def read(i: int) -> None:
+            checked = 0
+            while not done.is_set() or checked < 5:
+                with store.read() as txn:
+                    _, seq = vmod.read_counter(txn)
+                    q = fake_vector(f"q{i}.{checked}")
+                    prefix = ("a",) if checked % 2 else ()
+                    got = list(vectors.ranked(txn, q, prefix))
+                want = brute_force(states[seq], q, prefix)
+                if [g[:2] for g in got] != [w[:2] for w in want]:
+                    problems.append(f"reader {i} at seq {seq}")
+                checked += 1
+
+        threads = [threading.Thread(target=write)]
+        threads += [threading.Thread(target=read, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    assert not problems, problems[:5]

@@ -11,7 +11,12 @@ field besides the vector (float32 bytes, as the embedder gave it).
 
 Every change of an item's vectors also bumps a counter and appends the item
 to a change log, so that a process's cached matrix of the vectors can catch
-up with any read transaction by replaying the log.
+up with any read transaction by replaying the log (``_Cache``). So every
+change goes through ``write``/``delete``; removing the whole keyspace, the
+counter with it, is seen too (a new counter has a new epoch).
+
+Search is exact, a scan of the cached matrix: an ANN index was measured and
+not taken (docs/performance.md, "Vector search").
 
 Scores are cosine similarities as InMemoryStore computes them (0 for a zero
 vector); an item scores as its best field.
@@ -243,8 +248,9 @@ class Vectors:
             items.append((ns, key))
             blobs.append(vec)
         np = self._np
-        matrix = np.frombuffer(b"".join(blobs), dtype=np.float32).reshape(len(blobs), self.dims)
-        return _Rows(unit_rows(np, matrix.copy()), ties, items)
+        # bytearray: one copy of the bytes, and a writable matrix over it
+        matrix = np.frombuffer(bytearray().join(blobs), dtype=np.float32)
+        return _Rows(unit_rows(np, matrix.reshape(len(blobs), self.dims)), ties, items)
 
     def ranked(
         self, txn: Txn, query: list[float], ns_prefix: tuple[str, ...]
@@ -346,9 +352,18 @@ def dot(matrix: np.ndarray, q: np.ndarray) -> np.ndarray:
     return np.einsum("ij,j->i", matrix, q)
 
 
+def dot_rows(np: Any, matrix: np.ndarray) -> np.ndarray:
+    """Each row's dot product with itself."""
+    vecdot = getattr(np, "vecdot", None)
+    if vecdot is not None:
+        return vecdot(matrix, matrix)
+    return np.einsum("ij,ij->i", matrix, matrix)
+
+
 def unit_rows(np: Any, matrix: np.ndarray) -> np.ndarray:
-    """Each row over its norm, in place (a zero row stays zero)."""
-    norms = np.linalg.norm(matrix, axis=1)
+    """Each row over its norm, in place (a zero row stays zero); the norms
+    without a squared copy of the matrix."""
+    norms = np.sqrt(dot_rows(np, matrix))
     norms[norms == 0] = 1
     matrix /= norms[:, None]
     return matrix
@@ -408,13 +423,9 @@ class _Cache:
     def _load(self, rows: _Rows) -> None:
         np = self.np
         n = len(rows.items)
-        cap = max(64, n + n // 4)
-        self.matrix = np.zeros((cap, self.dims), dtype=np.float32)
-        self.matrix[:n] = rows.matrix
-        self.alive = np.zeros(cap, dtype=bool)
-        self.alive[:n] = True
-        self.row_ns = np.zeros(cap, dtype=np.int32)
-        self.row_ns[:n] = [self._ns_id(ns) for ns, _ in rows.items]
+        self.matrix = rows.matrix  # as read: no copy; the first append grows it
+        self.alive = np.ones(n, dtype=bool)
+        self.row_ns = np.fromiter((self._ns_id(ns) for ns, _ in rows.items), np.int32, n)
         self.n, self.dead = n, 0
         self.ties, self.items = list(rows.ties), list(rows.items)
         self.item_rows: dict[Item, list[int]] = {}
@@ -463,7 +474,7 @@ class _Cache:
         if not m:
             return
         if self.n + m > len(self.alive):  # new arrays: rankings under way keep the old
-            cap = max(2 * len(self.alive), self.n + m)
+            cap = max(64, self.n + self.n // 4 + m)
             self.matrix = _grown(np, self.matrix, self.n, cap)
             self.alive = _grown(np, self.alive, self.n, cap)
             self.row_ns = _grown(np, self.row_ns, self.n, cap)
