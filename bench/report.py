@@ -22,7 +22,17 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
-AREAS = ["ops", "graph", "reads", "concurrency", "async", "storage", "long_chat", "postgres"]
+AREAS = [
+    "ops",
+    "graph",
+    "reads",
+    "concurrency",
+    "async",
+    "storage",
+    "long_chat",
+    "postgres",
+    "store",
+]
 ROW_ORDER = [
     "kvsaver-lmdb",
     "kvsaver-lmdb-whole",
@@ -38,6 +48,12 @@ ROW_ORDER = [
     "async-sqlite",
     "inmemory",
     "PostgresSaver",
+    "KVStore",
+    "KVStore-memory",
+    "KVStore-postgres",
+    "SqliteStore",
+    "InMemoryStore",
+    "PostgresStore",
     "none",
     "no checkpointer",
 ]

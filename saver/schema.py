@@ -34,6 +34,30 @@ schema      ("meta", "schema")                               {"format": FORMAT_V
                                                              "upgrades": [...]}
 sweep       ("meta", "sweep")                                {"started": ms,
                                                              "completed": ms, "full": bool}
+store       ("s", "schema")                                  {"format": 1}: KVStore's
+schema                                                       items (``kvstore/``)
+namespace   ("s", "n", *labels)                              [ns id, [labels]]: a
+                                                             KVStore namespace
+                                                             (``kvstore/keyspace.py``)
+ns id       ("s", "N", ns id)                                [labels]
+item key    ("s", "k", ns id, key)                           seq: where the item is
+item        ("s", "i", ns id, seq)                           [key, value (msgpack),
+                                                             created us, updated us,
+                                                             expires ms, ttl minutes,
+                                                             has vectors]
+expiry      ("s", "x", expires ms, ns id, seq)               b"": items by expiry
+                                                             (the TTL sweep's index)
+vector      ("s", "v", "e", *namespace, None, key, field)    [namespace, key, field,
+                                                             float32 bytes]: a
+                                                             KVStore item's vector
+                                                             (``kvstore/vectors.py``)
+vector      ("s", "v", "n")                                  [epoch, seq]: the count
+counter                                                      of vector changes
+vector log  ("s", "v", "l", seq)                             [namespace, key]: the
+                                                             item whose vectors
+                                                             change ``seq`` changed
+                                                             (the last
+                                                             ``vectors.LOG_KEEP``)
 head        ("~h", thread, ns)                               0x01, the newest
                                                              checkpoint's record and
                                                              its values, whole
@@ -45,6 +69,16 @@ SqliteSaver's primary key, with idx = ``WRITES_IDX_MAP.get(channel,
 position)``: ``task_path`` is stored in the record and used only to order
 reads (``writes_sort_key``: task_path, task_id, idx), so the key order is not
 the read order and reads sort.
+
+**KVStore** (``saver/kvstore/``, LangGraph's long-term memory) keeps its
+items under ``("s", ...)``, which no KVSaver key starts with: a KVSaver and a
+KVStore on one directory never see each other's keys (KVSaver's schema check
+and ``stats`` step over the store keyspace). A namespace gets an id the
+first time it holds an item and keeps it; seq counts up per namespace at each
+new key, so a scan returns items in insertion order, as InMemoryStore does.
+Labels and keys use the short-key rule below; a namespace whose labels take
+more than ``kvstore.keyspace._NS_BUDGET`` bytes keeps its first labels and a
+33-byte surrogate (``0xFF`` + SHA-256) of the rest.
 
 **Format versions** (``FORMAT_VERSION``; a store records its own in the
 schema record, and a newer one than this code's is refused):

@@ -16,6 +16,7 @@ from kvsaver.kv import CorruptStoreError, Store, SupportsDiskUsage
 from kvsaver.kv.keys import pack, unpack
 
 from . import schema as S
+from .kvstore.keyspace import store_range
 from .upgrade import LEGACY_WRITE_KEY_LEN
 
 __all__ = ["StoreStats", "ThreadStats"]
@@ -76,20 +77,26 @@ class StoreStats:
 
 
 def _scan_all(store: Store) -> Iterator[tuple[bytes, bytes]]:
+    """Every KVSaver record: a KVStore's keyspace on the same directory is
+    stepped over (its items are not checkpoints, nor the saver's bytes)."""
+    skip_lo, skip_hi = store_range()
     start: bytes | None = None
     while True:
         with store.read() as txn:
             n = 0
-            last = b""
+            resume = None
             for key, value in txn.scan(start, None):
+                if skip_lo <= key < skip_hi:
+                    resume = skip_hi
+                    break
                 yield key, value
                 n += 1
-                last = key
                 if n == _CHUNK:
+                    resume = key + b"\x00"  # the smallest key after the last one read
                     break
-            else:
+            if resume is None:
                 return
-        start = last + b"\x00"  # the smallest key after the last one read
+        start = resume
 
 
 def disk_usage(store: Store) -> int | None:

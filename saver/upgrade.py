@@ -29,6 +29,7 @@ from kvsaver.kv import CorruptStoreError, FormatVersionError, Store, Txn
 from kvsaver.kv.keys import pack, unpack
 
 from . import schema as S
+from .kvstore.keyspace import store_range
 
 _CHUNK = 4096  # keys per scan while rewriting: the scan never holds a whole keyspace
 
@@ -138,7 +139,12 @@ def check_schema(store: Store) -> bool:
     ``reads.Reads.legacy_writes``)."""
     with store.read() as txn:
         raw = txn.get(S.SCHEMA_KEY)
-        empty = raw is None and next(iter(txn.scan(None, None, limit=1)), None) is None
+        # A KVStore's keys (its own keyspace, on a shared directory) are not
+        # KVSaver data: a directory holding only those is a new KVSaver store.
+        lo, hi = store_range()
+        empty = raw is None and not any(
+            next(iter(txn.scan(a, b, limit=1)), None) for a, b in ((None, lo), (hi, None))
+        )
     if raw is None:
         if not empty:
             raise CorruptStoreError(

@@ -44,7 +44,10 @@ else
     # Each has its own temporary directories (and PostgreSQL cluster).
     PROCS=(tests/test_crash.py tests/test_saver_differential.py
         tests/test_lmdb_reliability.py tests/test_lmdb_processes.py
-        tests/test_postgres.py tests/test_processes.py tests/test_saver_restart.py)
+        tests/test_postgres.py tests/test_processes.py tests/test_saver_restart.py
+        tests/test_kvstore.py tests/test_kvstore_differential.py tests/test_kvstore_graph.py
+        tests/test_kvstore_processes.py tests/test_kvstore_upstream.py
+        tests/test_kvstore_upstream_sqlite.py)
     REST=()
     for f in tests/test_*.py; do
         case " ${PROCS[*]} " in *" $f "*) ;; *) REST+=("$f") ;; esac

@@ -12,7 +12,9 @@ same three as ``python -m kvsaver.tools.storage``.
 ``stats`` opens the store read-only (beside running writers) and prints bytes
 on disk and live, and the largest threads. ``sweep`` applies a retention
 policy now, one short write transaction per thread, so it can run beside a
-live application. ``compact`` rewrites an LMDB store into a dense new file
+live application, and removes the expired items of a KVStore on the same
+store (``KVStore.sweep_ttl``; without --keep-last or --ttl-minutes, only
+that). ``compact`` rewrites an LMDB store into a dense new file
 (an LMDB file never shrinks by itself); it is offline and refuses while any
 process has the store open. A ``FileStore`` file (``--backend file``) is
 rewritten whole at every commit and never needs compacting.
@@ -116,27 +118,56 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kvstore_of(saver: KVSaver) -> Any:
+    """A KVStore over the saver's store when a KVStore has written there (its
+    schema record is there), else None."""
+    from kvsaver import KVStore
+    from kvsaver.kvstore.keyspace import SCHEMA_KEY
+
+    with saver.store.read() as txn:
+        if txn.get(SCHEMA_KEY) is None:
+            return None
+    return KVStore(saver.store)
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
-    if args.keep_last is None and args.ttl_minutes is None:
-        return _fail("sweep needs --keep-last, --ttl-minutes or both")
-    retention = Retention(
-        keep_last=args.keep_last,
-        ttl_minutes=args.ttl_minutes,
-        strategy=args.strategy,
-        sweep_interval_minutes=None,
-    )
+    policy = args.keep_last is not None or args.ttl_minutes is not None
     with _open(args, readonly=False) as saver:
-        with progress_bar("sweep", "thread", not args.quiet) as progress:
-            report = saver.sweep(retention, full=not args.incremental, progress=progress)
+        items = _kvstore_of(saver)
+        if not policy and items is None:
+            return _fail(
+                "sweep needs --keep-last, --ttl-minutes or both (without them it removes only "
+                "a KVStore's expired items, and this store has none)"
+            )
+        report = None
+        if policy:
+            retention = Retention(
+                keep_last=args.keep_last,
+                ttl_minutes=args.ttl_minutes,
+                strategy=args.strategy,
+                sweep_interval_minutes=None,
+            )
+            with progress_bar("sweep", "thread", not args.quiet) as progress:
+                report = saver.sweep(retention, full=not args.incremental, progress=progress)
+        expired = None
+        if items is not None:
+            try:
+                expired = items.sweep_ttl()
+            finally:
+                items.close()
         after = saver.stats()
     if args.json:
-        done = {**dataclasses.asdict(report), "live_bytes": after.live_bytes}
+        done = dataclasses.asdict(report) if report is not None else {}
+        done = {**done, "items_expired": expired, "live_bytes": after.live_bytes}
         print(json.dumps({**done, "disk_bytes": after.disk_bytes}, indent=2))
         return 0
-    print(
-        f"checked {report.threads_checked:,} threads: deleted {report.threads_deleted:,}, "
-        f"pruned {report.threads_pruned:,}, {report.checkpoints_deleted:,} checkpoints removed"
-    )
+    if report is not None:
+        print(
+            f"checked {report.threads_checked:,} threads: deleted {report.threads_deleted:,}, "
+            f"pruned {report.threads_pruned:,}, {report.checkpoints_deleted:,} checkpoints removed"
+        )
+    if expired is not None:
+        print(f"removed {expired:,} expired store item{'' if expired == 1 else 's'} (KVStore)")
     print(f"live bytes now {after.live_bytes:,}; on disk {after.disk_bytes:,}")
     if after.disk_bytes > 2 * after.live_bytes and os.path.isdir(args.dir):
         print(f"the file keeps its size until compacted: kvsaver compact {args.dir}")
@@ -225,7 +256,7 @@ def stats_command(**params: Any) -> int:
 @_backend
 @_quiet
 def sweep_command(**params: Any) -> int:
-    """Apply a retention policy now."""
+    """Apply a retention policy now; remove a KVStore's expired items."""
     return _call(cmd_sweep, params)
 
 

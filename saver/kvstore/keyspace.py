@@ -1,0 +1,191 @@
+"""The keys and records of KVStore, as ``saver/schema.py``'s table lays them
+out under the store keyspace ``("s", ...)``, which KVSaver never uses.
+
+A namespace gets an id (an int, in order of creation) the first time it
+holds an item, and keeps it: items are keyed by ``(namespace id, seq)``, seq
+counting up within the namespace at each new key, so a scan returns a
+namespace's items in insertion order and namespaces in creation order, as
+InMemoryStore returns them. Labels and keys longer than a key holds become
+the saver's surrogates (``saver/keyspace.k``); a namespace whose labels take
+more than ``_NS_BUDGET`` bytes keeps its first labels and one surrogate of
+the rest. Records hold the full strings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import ormsgpack
+from kvsaver.kv.keys import pack, prefix_range, unpack
+
+from ..keyspace import k
+
+__all__ = [
+    "EXPIRY",
+    "ITEM",
+    "KEY",
+    "NS",
+    "NS_ID",
+    "SCHEMA_KEY",
+    "STORE",
+    "ItemRecord",
+    "decode_item",
+    "encode_item",
+    "expiry_key",
+    "expiry_range",
+    "item_key",
+    "items_range",
+    "key_key",
+    "namespace_elements",
+    "namespace_key",
+    "namespace_prefix_range",
+    "ns_id_key",
+    "ns_ids_range",
+    "store_range",
+]
+
+STORE = "s"  # the first element of every KVStore key
+SCHEMA_KEY = pack((STORE, "schema"))
+NS = "n"  # ("s", "n", *label elements) -> [ns id, [labels]]
+NS_ID = "N"  # ("s", "N", ns id) -> [labels]
+KEY = "k"  # ("s", "k", ns id, key element) -> seq
+ITEM = "i"  # ("s", "i", ns id, seq) -> ItemRecord
+EXPIRY = "x"  # ("s", "x", expires ms, ns id, seq) -> b""
+FORMAT = 1
+
+_NS_BUDGET = 400  # bytes of label elements in a namespace key (LMDB keys: 511)
+
+
+def store_range() -> tuple[bytes, bytes]:
+    """Every key of the store keyspace (what KVSaver skips)."""
+    return prefix_range((STORE,))
+
+
+def namespace_elements(labels: Sequence[str]) -> tuple[list[Any], bool]:
+    """The key elements of a namespace's labels, and whether they are exact
+    (no tail surrogate): an element of label i depends only on labels 0..i,
+    so a namespace's elements start with those of each of its prefixes.
+    For any key that holds a namespace: it stays under LMDB's limit."""
+    out: list[Any] = []
+    size = 0
+    for i, label in enumerate(labels):
+        el = k(label)
+        n = len(pack((el,)))
+        if size + n > _NS_BUDGET:
+            rest = pack(tuple(labels[i:]))
+            out.append(b"\xff" + hashlib.sha256(rest).digest())  # 33 bytes: not a k() surrogate
+            return out, False
+        out.append(el)
+        size += n
+    return out, True
+
+
+def namespace_key(labels: Sequence[str]) -> bytes:
+    return pack((STORE, NS, *namespace_elements(labels)[0]))
+
+
+def namespace_prefix_range(prefix: Sequence[str]) -> tuple[bytes, bytes, bool]:
+    """``(start, stop, exact)``: the namespace keys of ``prefix`` and every
+    namespace under it (start inclusive). Not exact: the range holds more
+    (the prefix runs past the key budget), filter by the records' labels."""
+    elements, exact = namespace_elements(prefix)
+    if not exact:
+        elements = elements[:-1]
+    p = pack((STORE, NS, *elements))
+    return p, p + b"\xff", exact
+
+
+def ns_id_key(ns_id: int) -> bytes:
+    return pack((STORE, NS_ID, ns_id))
+
+
+def ns_ids_range() -> tuple[bytes, bytes]:
+    return prefix_range((STORE, NS_ID))
+
+
+def key_key(ns_id: int, key: str) -> bytes:
+    return pack((STORE, KEY, ns_id, k(key)))
+
+
+def item_key(ns_id: int, seq: int) -> bytes:
+    return pack((STORE, ITEM, ns_id, seq))
+
+
+def items_range(ns_id: int) -> tuple[bytes, bytes]:
+    return prefix_range((STORE, ITEM, ns_id))
+
+
+def item_key_ids(key: bytes) -> tuple[int, int]:
+    _, _, ns_id, seq = unpack(key)
+    return ns_id, seq
+
+
+def expiry_key(expires_ms: int, ns_id: int, seq: int) -> bytes:
+    return pack((STORE, EXPIRY, expires_ms, ns_id, seq))
+
+
+def expiry_range(before_ms: int) -> tuple[bytes, bytes]:
+    """The expiry entries of items expired at ``before_ms`` (expires <= it)."""
+    start, _ = prefix_range((STORE, EXPIRY))
+    return start, pack((STORE, EXPIRY, before_ms + 1))
+
+
+def expiry_ids(key: bytes) -> tuple[int, int, int]:
+    _, _, expires, ns_id, seq = unpack(key)
+    return expires, ns_id, seq
+
+
+# -- records -----------------------------------------------------------------
+
+
+class ItemRecord(NamedTuple):
+    key: str
+    value: bytes  # the value dict, msgpack
+    created_us: int
+    updated_us: int
+    expires_ms: int | None
+    ttl: float | None  # minutes
+    vectors: bool  # the item has vectors (``vectors.Vectors``)
+
+
+def encode_item(rec: ItemRecord) -> bytes:
+    return ormsgpack.packb(list(rec))
+
+
+def decode_item(raw: bytes) -> ItemRecord:
+    return ItemRecord(*ormsgpack.unpackb(raw))
+
+
+def encode_namespace(ns_id: int, labels: Sequence[str]) -> bytes:
+    return ormsgpack.packb([ns_id, list(labels)])
+
+
+def decode_namespace(raw: bytes) -> tuple[int, tuple[str, ...]]:
+    ns_id, labels = ormsgpack.unpackb(raw)
+    return ns_id, tuple(labels)
+
+
+def encode_labels(labels: Sequence[str]) -> bytes:
+    return ormsgpack.packb(list(labels))
+
+
+def decode_labels(raw: bytes) -> tuple[str, ...]:
+    return tuple(ormsgpack.unpackb(raw))
+
+
+def encode_seq(seq: int) -> bytes:
+    return ormsgpack.packb(seq)
+
+
+def decode_seq(raw: bytes) -> int:
+    return int(ormsgpack.unpackb(raw))
+
+
+def encode_schema() -> bytes:
+    return ormsgpack.packb({"format": FORMAT})
+
+
+def decode_schema(raw: bytes) -> int:
+    return int(ormsgpack.unpackb(raw)["format"])

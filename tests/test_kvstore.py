@@ -1,0 +1,352 @@
+"""KVStore: bad input refused with the store untouched, its keyspace apart
+from KVSaver's on one directory (both ways, both opening orders), TTL
+(expiry, refresh, the expiry index, the sweeper), timestamps, read-only
+stores, the async API and the options."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from kvsaver import KVSaver, KVStore, OptionError, Retention
+from kvsaver.kv import MemoryStore, MissingDependencyError, ReadOnlyError
+from kvsaver.kv.keys import unpack
+from kvsaver.kvstore import keyspace as KS
+from kvsaver.tools.cli import cli
+from kvstore_helpers import STORE_BACKENDS, open_store
+from langgraph.store.base import (
+    GetOp,
+    InvalidNamespaceError,
+    ListNamespacesOp,
+    MatchCondition,
+    PutOp,
+    SearchOp,
+)
+from saver_helpers_graphs import chat_graph, human
+
+
+@pytest.fixture(params=STORE_BACKENDS)
+def store(request: pytest.FixtureRequest) -> Any:
+    if request.param == "postgres":
+        request.getfixturevalue("pg_server")
+    with open_store(request.param) as s:
+        yield s
+
+
+def _dump(store: KVStore) -> list[tuple[bytes, bytes]]:
+    with store.store.read() as txn:
+        return list(txn.scan(None, None))
+
+
+# -- bad input ------------------------------------------------------------------------
+
+BAD_BATCHES = [
+    ([PutOp(("a",), "k", ["not", "a", "dict"])], TypeError, "must be a dict"),
+    ([PutOp(("a",), "k", {1: "int key"})], TypeError, "str keys"),
+    ([PutOp(("a",), "k", {"v": object()})], TypeError, "JSON-serializable"),
+    ([PutOp(("a", "b.c"), "k", {"v": 1})], InvalidNamespaceError, "periods"),
+    ([PutOp(("a", ""), "k", {"v": 1})], InvalidNamespaceError, "empty"),
+    ([PutOp(("a\x00b",), "k", {"v": 1})], InvalidNamespaceError, "NUL"),
+    ([PutOp(("a", 1), "k", {"v": 1})], InvalidNamespaceError, "must be strings"),  # type: ignore[arg-type]
+    ([PutOp("ab", "k", {"v": 1})], InvalidNamespaceError, "tuple"),  # type: ignore[arg-type]
+    ([PutOp(("a",), 7, {"v": 1})], TypeError, "key must be a str"),  # type: ignore[arg-type]
+    ([PutOp(("a",), "k", {"v": 1}, index="v")], TypeError, "index"),  # type: ignore[arg-type]
+    ([PutOp(("a",), "k", {"v": 1}, ttl=-1)], ValueError, "ttl"),
+    ([GetOp(("a",), b"k")], TypeError, "key must be a str"),  # type: ignore[arg-type]
+    ([SearchOp(("a",), {"v": {"$regex": "x"}})], ValueError, "unknown filter operator"),
+    ([SearchOp(("a",), {"v": {"$gt": 1, "w": 2}})], ValueError, "unknown filter operator"),
+    ([SearchOp(("a",), {"v": {"$gt": "ten"}})], ValueError, "needs a number"),
+    ([SearchOp(("a",), None, -1)], ValueError, "limit"),
+    ([SearchOp(("a.b",))], InvalidNamespaceError, "periods"),
+    ([ListNamespacesOp((MatchCondition("middle", ("a",)),))], ValueError, "match_type"),  # type: ignore[arg-type]
+    ([ListNamespacesOp(None, -2)], ValueError, "max_depth"),
+    (["not an op"], ValueError, "Unknown operation"),
+]
+
+
+@pytest.mark.parametrize("ops,error,words", BAD_BATCHES)
+def test_a_batch_with_one_bad_op_changes_nothing(
+    store: KVStore, ops: list[Any], error: type[Exception], words: str
+) -> None:
+    store.put(("a",), "k", {"v": 0})
+    before = _dump(store)
+    good = [PutOp(("a",), "k", {"v": 1}), PutOp(("b",), "new", {"v": 2})]
+    with pytest.raises(error, match=words):
+        store.batch(good + ops)
+    with pytest.raises(error, match=words):
+        asyncio.run(store.abatch(ops + good))
+    assert _dump(store) == before
+    assert store.get(("a",), "k").value == {"v": 0}  # type: ignore[union-attr]
+
+
+def test_the_public_methods_check_namespaces_as_langgraph_does(store: KVStore) -> None:
+    for bad in [(), ("langgraph", "x"), ("a.b",), ("",)]:
+        with pytest.raises(InvalidNamespaceError):
+            store.put(bad, "k", {"v": 1})
+    with pytest.raises(TypeError):
+        store.put(("a",), "k", "text")  # type: ignore[arg-type]
+    assert store.list_namespaces() == []
+
+
+# -- hostile names -------------------------------------------------------------------
+
+
+def test_hostile_keys_and_labels_round_trip_and_do_not_collide(store: KVStore) -> None:
+    long = "L" * 10_000
+    names = [("a",), ("a", "b"), ("ab",), ("a b",), ("🙂",), (long,), (long, long), (long + "x",)]
+    keys = ["", "a\x00b", "a", "a\x00", "\x00", "🙂", "K" * 10_000, "K" * 9_999 + "k"]
+    for ns in names:
+        for k in keys:
+            store.put(ns, k, {"ns": list(ns), "k": k})
+    for ns in names:
+        for k in keys:
+            item = store.get(ns, k)
+            assert item is not None and item.value == {"ns": list(ns), "k": k}
+            assert item.namespace == ns and item.key == k
+        assert [i.key for i in store.search(ns, limit=100) if i.namespace == ns] == keys
+    assert store.list_namespaces(limit=100) == sorted(names)
+    assert store.list_namespaces(prefix=(long,), limit=100) == [(long,), (long, long)]
+    deep = tuple(f"{i:03d}" + "d" * 60 for i in range(12))  # past one LMDB key
+    store.put(deep, "k", {"deep": True})
+    assert store.get(deep, "k").value == {"deep": True}  # type: ignore[union-attr]
+    assert [i.namespace for i in store.search(deep[:9])] == [deep]
+    assert store.list_namespaces(prefix=deep[:11]) == [deep]
+    assert store.list_namespaces(prefix=(*deep[:11], "other")) == []
+
+
+# -- one directory, two keyspaces ----------------------------------------------------
+
+
+def _saver_work(path: Path) -> None:
+    with KVSaver(path) as saver:
+        g = chat_graph(saver)
+        for t in ("t1", "t2"):
+            for i in range(3):
+                g.invoke(human(i), {"configurable": {"thread_id": t}})
+
+
+def _store_work(path: Path) -> None:
+    with KVStore(path, ttl={"default_ttl": 60}) as store:
+        for i in range(50):
+            store.put(("mem", f"u{i % 5}"), f"k{i}", {"i": i})
+        store.put(("c", "t1"), "t1", {"thread": "t1"})  # names that look like the saver's
+
+
+@pytest.mark.parametrize("store_first", [True, False])
+def test_a_saver_and_a_store_on_one_directory_never_see_each_others_keys(
+    tmp_path: Path, store_first: bool
+) -> None:
+    path = tmp_path / "state"
+    for step in (_store_work, _saver_work) if store_first else (_saver_work, _store_work):
+        step(path)
+    with KVSaver(path) as saver:
+        stats = saver.stats()
+        assert sorted(t.thread_id for t in stats.threads) == ["t1", "t2"]
+        assert stats.checkpoints == len(list(saver.list(None)))
+        n = len(list(saver.list(None)))
+        assert {t.config["configurable"]["thread_id"] for t in saver.list(None)} == {"t1", "t2"}
+        saver.delete_thread("t1")
+        report = saver.sweep(Retention(keep_last=1, sweep_interval_minutes=None), full=True)
+        assert report.complete
+    runner = CliRunner()
+    out = runner.invoke(cli, ["threads", str(path), "--json"])
+    assert out.exit_code == 0, out.output
+    out = runner.invoke(cli, ["compact", str(path), "--json"])
+    assert out.exit_code == 0, out.output
+    with KVStore(path) as store:
+        assert len(store.search(("mem",), limit=100)) == 50
+        assert store.get(("c", "t1"), "t1").value == {"thread": "t1"}  # type: ignore[union-attr]
+        assert store.list_namespaces() == [("c", "t1")] + [("mem", f"u{i}") for i in range(5)]
+        with store.store.read() as txn:
+            lo, hi = KS.store_range()
+            assert all(unpack(k)[0] == "s" for k, _ in txn.scan(lo, hi))
+            assert n > 0
+
+
+def test_a_store_on_an_old_kvsaver_directory_survives_its_upgrade(tmp_path: Path) -> None:
+    data = Path(__file__).parent / "data"
+    with tarfile.open(data / "store_0_1_0_lmdb.tar.gz") as tar:
+        kw = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(tmp_path, **kw)  # type: ignore[arg-type]
+    path = tmp_path / "store"
+    with KVSaver(path, readonly=True) as old:
+        before = [t.config for t in old.list(None)]
+    with KVStore(path) as store:
+        store.put(("m",), "k", {"v": 1})
+    with KVSaver(path) as saver:  # upgrades the saver's records, not the store's
+        assert [t.config for t in saver.list(None)] == before
+    with KVStore(path) as store:
+        assert store.get(("m",), "k").value == {"v": 1}  # type: ignore[union-attr]
+    shutil.rmtree(path)
+
+
+def test_a_saver_and_a_store_may_share_one_open_store() -> None:
+    kv = MemoryStore()
+    saver, store = KVSaver(kv), KVStore(kv)
+    chat_graph(saver).invoke(human(0), {"configurable": {"thread_id": "t"}})
+    store.put(("x",), "k", {"v": 1})
+    assert [t.thread_id for t in saver.stats().threads] == ["t"]
+    assert store.search(()) and store.list_namespaces() == [("x",)]
+    saver.close()
+    store.close()
+    with kv.read() as txn:  # closing either did not close the store it was given
+        assert txn.get(KS.SCHEMA_KEY) is not None
+
+
+# -- TTL -----------------------------------------------------------------------------
+
+
+def test_items_expire_and_are_never_returned(store: KVStore) -> None:
+    store.put(("t",), "short", {"v": 1}, ttl=0.5 / 60)
+    store.put(("t",), "long", {"v": 2}, ttl=10)
+    store.put(("t",), "none", {"v": 3})
+    assert {i.key for i in store.search(("t",))} == {"short", "long", "none"}
+    time.sleep(0.7)
+    assert store.get(("t",), "short") is None
+    assert [i.key for i in store.search(("t",))] == ["long", "none"]
+    store.put(("gone",), "k", {"v": 1}, ttl=0.2 / 60)
+    time.sleep(0.3)
+    assert store.list_namespaces() == [("t",)]
+    assert store.sweep_ttl() == 2
+    assert store.sweep_ttl() == 0
+    with store.store.read() as txn:  # the expiry index holds only the live TTLs
+        entries = [KS.expiry_ids(k) for k, _ in txn.scan(*KS.expiry_range(2**62))]
+    assert len(entries) == 1
+    # a key put again after it expired is a new item, at the end
+    store.put(("t",), "short", {"v": 4})
+    assert [i.key for i in store.search(("t",))] == ["long", "none", "short"]
+
+
+def test_reads_refresh_ttls_unless_told_not_to(store: KVStore) -> None:
+    store.put(("r",), "a", {"v": 1}, ttl=0.8 / 60)
+    store.put(("r",), "b", {"v": 2}, ttl=0.8 / 60)
+    for _ in range(4):
+        time.sleep(0.3)
+        assert store.get(("r",), "a") is not None  # refreshed each time
+    assert store.get(("r",), "b", refresh_ttl=False) is None
+    for _ in range(3):
+        time.sleep(0.3)
+        assert [i.key for i in store.search(("r",))] == ["a"]  # search refreshes too
+    time.sleep(0.3)
+    assert [i.key for i in store.search(("r",), refresh_ttl=False)] == ["a"]
+    time.sleep(0.6)
+    assert store.search(("r",), refresh_ttl=False) == []
+
+
+def test_ttl_config_default_and_refresh_on_read(tmp_path: Path) -> None:
+    with KVStore(tmp_path / "s", ttl={"default_ttl": 0.5 / 60, "refresh_on_read": False}) as s:
+        s.put(("d",), "k", {"v": 1})
+        s.put(("d",), "forever", {"v": 1}, ttl=None)
+        time.sleep(0.3)
+        assert s.get(("d",), "k") is not None  # read, not refreshed
+        time.sleep(0.35)
+        assert s.get(("d",), "k") is None and s.get(("d",), "forever") is not None
+    with pytest.raises(ValueError, match="unknown TTLConfig"):
+        KVStore(":memory:", ttl={"default_tll": 1})  # type: ignore[typeddict-unknown-key]
+
+
+def test_the_sweeper_thread_sweeps_and_stops(tmp_path: Path) -> None:
+    with KVStore(tmp_path / "s") as s:
+        for i in range(600):  # more than a sweep's chunk
+            s.put(("x",), f"k{i}", {"i": i}, ttl=0.1 / 60)
+        s.put(("x",), "stays", {"i": -1})
+        time.sleep(0.15)
+        future = s.start_ttl_sweeper(sweep_interval_minutes=0.2 / 60)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            with s.store.read() as txn:
+                if not list(txn.scan(*KS.expiry_range(2**62), limit=1)):
+                    break
+            time.sleep(0.05)
+        with s.store.read() as txn:
+            items = list(txn.scan(*KS.items_range(1)))
+        assert len(items) == 1
+        assert s.stop_ttl_sweeper(timeout=5)
+        assert future.done()
+    with KVStore(tmp_path / "s", ttl={"sweep_interval_minutes": 1}) as s:
+        assert s.stop_ttl_sweeper(timeout=5)  # started by the TTLConfig
+
+
+# -- timestamps, read-only, options ---------------------------------------------------
+
+
+def test_created_at_is_the_creation_and_updated_at_the_last_put(store: KVStore) -> None:
+    store.put(("ts",), "k", {"v": 1})
+    first = store.get(("ts",), "k")
+    time.sleep(0.01)
+    store.put(("ts",), "k", {"v": 2})
+    second = store.get(("ts",), "k")
+    assert first is not None and second is not None
+    assert second.created_at == first.created_at
+    assert second.updated_at > first.updated_at
+    assert second.created_at.tzinfo is not None
+    (found,) = store.search(("ts",))
+    assert (found.created_at, found.updated_at) == (second.created_at, second.updated_at)
+    store.delete(("ts",), "k")
+    store.put(("ts",), "k", {"v": 3})
+    third = store.get(("ts",), "k")
+    assert third is not None and third.created_at > second.created_at
+
+
+def test_a_read_only_store_reads_and_refuses_writes(tmp_path: Path) -> None:
+    with KVStore(tmp_path / "s") as s:
+        s.put(("a",), "k", {"v": 1}, ttl=1)
+    with KVStore(tmp_path / "s", readonly=True) as ro:
+        assert ro.get(("a",), "k").value == {"v": 1}  # type: ignore[union-attr]
+        with pytest.raises(ReadOnlyError):
+            ro.put(("a",), "k2", {"v": 2})
+        assert ro.search(("a",))[0].key == "k"
+
+
+def test_options_are_kvsavers_and_checked_first(tmp_path: Path) -> None:
+    with pytest.raises(OptionError, match="durabilty"):
+        KVStore(tmp_path / "s", durabilty="none")
+    with pytest.raises(OptionError):
+        KVStore(":memory:", durability="none")
+    assert not (tmp_path / "s").exists()
+    with KVStore(tmp_path / "s", durability="none", max_size=1 << 26) as s:
+        s.put(("a",), "k", {"v": 1})
+    with KVStore(tmp_path / "f.kvs", backend="file") as s:
+        s.put(("a",), "k", {"v": 1})
+    with KVStore(tmp_path / "f.kvs", backend="file") as s:
+        assert s.get(("a",), "k") is not None
+
+
+def test_an_index_without_numpy_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_numpy(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "numpy" or name.startswith("numpy."):
+            raise ImportError("No module named 'numpy'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_numpy)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'kvsaver\[vector\]'"):
+        KVStore(":memory:", index={"dims": 2, "embed": lambda texts: [[1.0, 0.0]] * len(texts)})
+    with KVStore(":memory:") as plain:  # no index: no numpy needed
+        plain.put(("a",), "k", {"v": 1})
+        assert plain.search(("a",), query="anything")[0].score is None
+
+
+def test_async_methods_share_the_sync_core(store: KVStore) -> None:
+    async def run() -> None:
+        await store.aput(("a", "b"), "k", {"v": 1}, ttl=5)
+        await asyncio.gather(*(store.aput(("a",), f"k{i}", {"v": i}) for i in range(20)))
+        assert (await store.aget(("a", "b"), "k")).value == {"v": 1}  # type: ignore[union-attr]
+        assert len(await store.asearch(("a",), limit=100)) == 21
+        assert await store.alist_namespaces() == [("a",), ("a", "b")]
+        await store.adelete(("a", "b"), "k")
+        assert await store.aget(("a", "b"), "k") is None
+        assert await store.asweep_ttl() == 0
+
+    asyncio.run(run())
+    assert json.dumps(store.get(("a",), "k3").dict())  # type: ignore[union-attr]
