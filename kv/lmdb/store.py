@@ -27,6 +27,7 @@ from ..store import (
     KeyTooLongError,
     KVError,
     ReadOnlyError,
+    ScanArgs,
     Store,
     StoreClosedError,
 )
@@ -181,6 +182,9 @@ class _LMDBTxn:
     def delete_range(self, start: bytes | None, stop: bytes | None) -> int:
         self._require_write()
         return int(self._mutate("delete_range", start, stop))
+
+    def prefetch(self, keys: Sequence[bytes] = (), scans: Sequence[ScanArgs] = ()) -> None:
+        """Nothing: a memory-mapped read costs no more later (``Txn.prefetch``)."""
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         cur = self._cur or self._point()
