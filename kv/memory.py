@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from sortedcontainers import SortedDict
 
-from .store import ReadOnlyError, Store, StoreClosedError
+from .store import ReadOnlyError, ScanArgs, Store, StoreClosedError
 
 __all__ = ["MemoryStore"]
 
@@ -99,6 +99,9 @@ class _MemTxn:
         if existed:
             self._set(bytes(key), _TOMB)
         return existed
+
+    def prefetch(self, keys: Sequence[bytes] = (), scans: Sequence[ScanArgs] = ()) -> None:
+        """Nothing: a read in memory costs no more later (``Txn.prefetch``)."""
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         if self._overlay:

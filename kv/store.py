@@ -19,16 +19,19 @@ pairs it yields. Iterators are valid only inside their transaction.
 network (``PostgresStore``), where each call is a round trip and a scan
 fetches in chunks: a caller that knows it wants one key of a range, or many
 keys at once, says so. On the local stores they cost what the loop does.
+``prefetch(keys, scans)`` reads keys and scans' first chunks together (one
+round trip on a network store; nothing on a local one).
 A read transaction's snapshot is taken no later than its first read.
 
 Capabilities: attributes every store has, declared on ``Store`` with the
 defaults of a store that has none of them (every backend derives from
 ``Store`` and sets its own), so a caller reads them directly:
 
-* ``pipelines_reads``: its scans queue their first query until the next
-  round trip (so a ``scan`` called before a ``get_many`` shares its round
-  trip; ``PostgresStore``); callers may then order their reads that way.
-  Local stores have nothing to gain.
+* ``pipelines_reads``: a round trip costs what a whole local read does
+  (``PostgresStore``): a caller says what it will read together with
+  ``Txn.prefetch`` (which does nothing on a local store) wherever it can; the
+  capability is for what else a caller decides by it (guessing reads from its
+  own last writes, threads for async calls).
 * ``write_conflicts``: its write transactions can fail on a conflict with a
   concurrent writer (``StoreConflictError``; ``PostgresStore``,
   SERIALIZABLE): a caller that cannot rerun a ``write()`` block by itself
@@ -60,6 +63,7 @@ __all__ = [
     "KeyTooLongError",
     "MissingDependencyError",
     "ReadOnlyError",
+    "ScanArgs",
     "Store",
     "StoreBusyError",
     "StoreClosedError",
@@ -69,6 +73,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+# One scan, as ``Txn.prefetch`` takes it: (start, stop, reverse, limit).
+ScanArgs = tuple[bytes | None, bytes | None, bool, int | None]
 
 
 class KVError(Exception):
@@ -130,6 +136,15 @@ class Txn(Protocol):
     ) -> Iterator[tuple[bytes, bytes]]: ...
 
     def delete_range(self, start: bytes | None, stop: bytes | None) -> int: ...
+
+    def prefetch(self, keys: Sequence[bytes] = (), scans: Sequence[ScanArgs] = ()) -> None:
+        """Read ``keys`` and the first chunk of each scan of ``scans``
+        together: this transaction's ``get``/``get_many`` of those keys and
+        its identical ``scan`` calls that follow find them read. A store on a
+        network (``PostgresStore``) sends the scans with the keys' lookup in
+        one round trip (with no keys, the scans wait for the next one); a
+        local store does nothing, its reads cost no more later."""
+        return None
 
 
 @runtime_checkable

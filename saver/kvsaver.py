@@ -201,9 +201,12 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         # Reads that never wait on a disk sync, a lock or a writer (a memory-
         # mapped LMDB file, memory): aget_tuple runs them on the event loop.
         self._inline_reads = self.store.nonblocking_reads
-        # A network store that sends queued reads in one round trip: a read
-        # queues what it will need next before it needs it. Its async calls
-        # take the loop's default executor: each holds a pooled connection.
+        # A network store, where a round trip costs a whole local read: a
+        # get_tuple guesses its reads from this saver's last put (Reads.guess),
+        # no head records (the guess makes a read one round trip without
+        # their bytes), and async calls take the loop's default executor (each
+        # holds a pooled connection). What a read reads together is said to
+        # every store alike (Txn.prefetch).
         pipelined = self.store.pipelines_reads
         self._pool = Pool(None if pipelined else async_threads)
         self._reads = Reads(self.serde, self._codec, pipelined, fast_paths)
@@ -297,8 +300,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         checkpoint_id = conf.get("checkpoint_id")
         reads = self._reads
         with self.store.read() as txn:
-            if reads.pipelined:
-                reads.guess(txn, thread, ns, checkpoint_id)
+            reads.guess(txn, thread, ns, checkpoint_id)  # nothing on a local store
             raw = TH.find_record(txn, thread, ns, checkpoint_id)
             if raw is None:
                 return None
@@ -411,8 +413,7 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         codec.remember(thread, ns, checkpoint_id, cp.get("channel_versions"))
         self._small.put(thread, ns, checkpoint_id, SV.held(versions, small))
         heads.after_put(thread, ns)
-        if self._reads.pipelined:
-            self._reads.remember_put(thread, ns, checkpoint_id, versions, small)
+        self._reads.remember_put(thread, ns, checkpoint_id, versions, small)  # for guess
         self._sweeper.maybe_step(self)  # retention: a bounded step when one is due
         return config_of(thread, ns, checkpoint_id)
 

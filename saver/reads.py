@@ -1,8 +1,10 @@
 """The read path: a stored checkpoint record -> ``CheckpointTuple``, the one
 conversion ``get_tuple`` and ``list`` share (blobs and writes read in the
 record's transaction), and the pending writes of a checkpoint in the order
-reads return them. On a store that pipelines reads (``Store.pipelines_reads``)
-the reads a tuple needs are queued together, so that they share a round trip.
+reads return them. The reads a tuple needs are said together
+(``Txn.prefetch``), so that a network store sends them in one round trip; on a
+store that pipelines reads (``Store.pipelines_reads``) a get_tuple also guesses
+them from this saver's last put, before it has read the record.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kvsaver.kv import Txn
+from kvsaver.kv import ScanArgs, Txn
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     Checkpoint,
@@ -73,7 +75,10 @@ class Reads:
         # latest one between supersteps) and an empty LMDB scan costs what a
         # probe does, while a probe would cost a checkpoint with writes a
         # second positioning (on a memory store a probe is the scan, sliced).
-        start, stop = S.writes_range(thread, ns, checkpoint_id)
+        return self.writes_in(txn, *S.writes_range(thread, ns, checkpoint_id))
+
+    def writes_in(self, txn: Txn, start: bytes, stop: bytes) -> list[S.WriteRecord]:
+        """``load_writes`` of the checkpoint whose writes range is ``start``-``stop``."""
         return self.in_read_order([w for _, v in txn.scan(start, stop) for w in S.decode_writes(v)])
 
     def in_read_order(self, recs: list[S.WriteRecord]) -> list[S.WriteRecord]:
@@ -141,14 +146,13 @@ class Reads:
         thread, ns, cid = rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id
         if checkpoint is None:
             checkpoint = loads(rec.checkpoint)
+        wrange = S.writes_range(thread, ns, cid) if stored_writes is None else None
         if not whole:
             versions = S.blob_versions(checkpoint)
             keys = S.read_blob_keys(thread, ns, versions)
-            # On a network store the blobs are one get_many, and the
-            # writes scan, called first (and taken over by load_writes' identical
-            # scan), travels in the same round trip. Local stores skip it.
-            if self.pipelined:
-                txn.scan(*S.writes_range(thread, ns, cid))
+            # The blobs and the writes scan read together (one round trip on
+            # a network store; the scan below finds its first chunk read).
+            txn.prefetch(keys, () if wrange is None else ((wrange[0], wrange[1], False, None),))
             # Whole or delta values, loaded in one loop, and the small
             # values the record holds.
             values = load_values(txn, versions, keys, txn.get_many(keys), loads, fast)
@@ -156,8 +160,9 @@ class Reads:
             if small:
                 values.update(small)
             checkpoint["channel_values"] = values
-        if stored_writes is None:
-            stored_writes = self.load_writes(txn, thread, ns, cid)
+        if wrange is not None:
+            stored_writes = self.writes_in(txn, *wrange)
+        assert stored_writes is not None
         writes: list[PendingWrite] = [(w.task_id, w.channel, loads(w.value)) for w in stored_writes]
         # Positional: cheaper than keywords (a NamedTuple's __new__).
         return CheckpointTuple(
@@ -182,6 +187,11 @@ class Reads:
         and its last (no filter skipped any): their writes are one scan."""
         if len(found) < 2:
             return [self.load_tuple(txn, rec, metadata=m) for rec, m in found]
+        # Two plans: locally, one scan over the page's writes (when the page
+        # is consecutive), each checkpoint's blobs read as it is loaded; on a
+        # network store, every checkpoint's writes scan and the blobs of all
+        # read together (one round trip), where a scan over the page could
+        # take more (it fetches in chunks).
         if not self.pipelined:
             page = self.page_writes(txn, found) if consecutive else None
             if page is None:
@@ -194,33 +204,39 @@ class Reads:
         loads = self.loads
         checkpoints = [loads(rec.checkpoint) for rec, _ in found]
         keys: list[bytes] = []
+        scans: list[ScanArgs] = []
         for (rec, _), cp in zip(found, checkpoints):
             t, ns = rec.thread_id, rec.checkpoint_ns
-            txn.scan(*S.writes_range(t, ns, rec.checkpoint_id))
+            scans.append((*S.writes_range(t, ns, rec.checkpoint_id), False, None))
             keys.extend(key for _, key in S.blob_keys(t, ns, S.blob_versions(cp)))
-        txn.get_many(keys)
+        txn.prefetch(keys, scans)
         return [
             self.load_tuple(txn, rec, metadata=m, checkpoint=cp)
             for (rec, m), cp in zip(found, checkpoints)
         ]
 
     def guess(self, txn: Txn, thread: str, ns: str, checkpoint_id: Any) -> None:
-        """On a store that pipelines reads: when this saver wrote
+        """On a store that pipelines reads (the only one with a memo of
+        puts: elsewhere guessing would cost CPU for nothing): when this saver wrote
         the checkpoint asked for (the thread's latest, as far as it knows),
         queue the record's read, its writes scan and its blobs together, so
         ``get_tuple`` is one round trip when the guess holds (what it then
         reads is found read); a wrong guess costs bytes, not a round trip."""
-        guess = self.last_put.get((thread, ns)) if self.last_put is not None else None
+        memo = self.last_put
+        if memo is None:  # a local store: nothing to gain
+            return
+        guess = memo.get((thread, ns))
         if guess is None or (checkpoint_id and str(checkpoint_id) != guess[0]):
             return
         cid, versions = guess
         keys = [key for _, key in S.blob_keys(thread, ns, versions)]
+        scans: list[ScanArgs] = []
         if checkpoint_id:
             keys.append(S.checkpoint_key(thread, ns, cid))
         else:
-            txn.scan(*S.checkpoints_range(thread, ns), reverse=True, limit=1)
-        txn.scan(*S.writes_range(thread, ns, cid))
-        txn.get_many(keys)
+            scans.append((*S.checkpoints_range(thread, ns), True, 1))
+        scans.append((*S.writes_range(thread, ns, cid), False, None))
+        txn.prefetch(keys, scans)
 
     def remember_put(self, thread: str, ns: str, cid: str, versions: Any, small: Any) -> None:
         """A put's id and blob versions, for ``guess`` (a store that pipelines

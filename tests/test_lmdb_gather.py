@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 from kv_helpers import batch_sizes
-from kvsaver.kv import LMDBStore
-from kvsaver.kv.lmdb import commitqueue
+from kvsaver.kv import LMDBStore, group_commit
 
 
 def _put_a(txn: Any) -> None:  # one kind of request (one call site)
@@ -62,7 +61,7 @@ def test_lmdb_leader_stops_waiting_where_waits_gain_nothing_and_only_for_its_kin
     store = LMDBStore(str(tmp_path / "g"))
     env = store._env
     sizes = batch_sizes(store)
-    monkeypatch.setattr(commitqueue, "_GATHER_MAX_SECONDS", 60.0)
+    monkeypatch.setattr(group_commit, "_GATHER_MAX_SECONDS", 60.0)
     # Three lone requests of kind A expect company and wait (0.05 s) in vain.
     for _ in range(3):
         _expect_company(env, 0.05)
@@ -89,7 +88,7 @@ def test_lmdb_leader_waits_again_when_requests_come_back(
     store = LMDBStore(str(tmp_path / "g"))
     env = store._env
     sizes = batch_sizes(store)
-    monkeypatch.setattr(commitqueue, "_GATHER_MAX_SECONDS", 60.0)
+    monkeypatch.setattr(group_commit, "_GATHER_MAX_SECONDS", 60.0)
     events: dict[str, threading.Event] = {}
 
     def slow_a(txn: Any) -> None:  # one kind: the same code at every call

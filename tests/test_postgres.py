@@ -823,9 +823,10 @@ class _Queue:
 
     def wait_queued(self, n: int) -> None:
         deadline = time.monotonic() + 60
-        while len(self.store._calls) < n and time.monotonic() < deadline:
+        while len(self.store._commits.queue) < n and time.monotonic() < deadline:
             time.sleep(0.001)
-        assert len(self.store._calls) >= n, f"{len(self.store._calls)} calls queued, not {n}"
+        queued = len(self.store._commits.queue)
+        assert queued >= n, f"{queued} calls queued, not {n}"
 
     def release(self) -> None:
         self.go.set()
@@ -988,7 +989,7 @@ def test_closing_the_store_under_queued_calls_fails_each_and_hangs_none(
     assert not any(t.is_alive() for t in queue.threads)
     assert queue.out["first"] is None
     assert all(isinstance(queue.out[f"f{i}"], StoreClosedError) for i in range(3)), queue.out
-    assert store._leader is None and store._calls == []
+    assert store._commits.leader is None and store._commits.queue == []
 
 
 def test_an_interrupted_waiting_call_leaves_the_queue(
@@ -996,7 +997,7 @@ def test_an_interrupted_waiting_call_leaves_the_queue(
 ) -> None:
     """A caller interrupted while its call waits behind a leader takes the
     call out of the queue: it is not applied, and the calls behind it go on."""
-    from kvsaver.kv.postgres import group_commit as kvpg
+    from kvsaver.kv import group_commit as kvpg
 
     class Interrupted:  # the wait of the call queued raises, as a ^C would
         def acquire(self, timeout: float = -1) -> bool:
@@ -1016,7 +1017,7 @@ def test_an_interrupted_waiting_call_leaves_the_queue(
             kvpg, "_allocate_lock", lambda: locks.pop() if locks else threading.Lock()
         )
         queue.start("b", lambda t: t.put(b"b", b"1")).join(60)
-        assert isinstance(queue.out["b"], KeyboardInterrupt) and store._calls == []
+        assert isinstance(queue.out["b"], KeyboardInterrupt) and store._commits.queue == []
         queue.start("c", lambda t: t.put(b"c", b"1"))
         queue.wait_queued(1)
         queue.release()

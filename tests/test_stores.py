@@ -41,8 +41,8 @@ from kvsaver.kv import (
     StoreClosedError,
     StoreFullError,
     Txn,
+    group_commit,
 )
-from kvsaver.kv.lmdb import commitqueue
 
 REPO = Path(__file__).resolve().parents[1]
 CHILD_ENV = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -711,7 +711,7 @@ def test_lmdb_group_commit_gathers_concurrent_writers_but_never_a_lone_one(
     store = LMDBStore(str(tmp_path / "g"))
     env = store._env
     sizes = batch_sizes(store)
-    monkeypatch.setattr(commitqueue, "_GATHER_MAX_SECONDS", 60.0)
+    monkeypatch.setattr(group_commit, "_GATHER_MAX_SECONDS", 60.0)
     env.batch_sizes, env.commit_seconds = (2, 2), 120.0
     first = threading.Thread(target=store.transact, args=(lambda txn: txn.put(b"a", b"1"),))
     first.start()
@@ -741,7 +741,7 @@ def test_lmdb_gathering_leader_is_woken_by_the_request_that_fills_its_batch(
     sleeps: list[float] = []
     real_sleep = time.sleep
 
-    class Clock:  # commitqueue's ``time``, with its sleeps counted
+    class Clock:  # group_commit's ``time``, with its sleeps counted
         def __getattr__(self, name: str) -> Any:
             return getattr(time, name)
 
@@ -751,8 +751,8 @@ def test_lmdb_gathering_leader_is_woken_by_the_request_that_fills_its_batch(
                 sleeps.append(seconds)
             real_sleep(seconds)
 
-    monkeypatch.setattr(commitqueue, "time", Clock())
-    monkeypatch.setattr(commitqueue, "_GATHER_MAX_SECONDS", 60.0)
+    monkeypatch.setattr(group_commit, "time", Clock())
+    monkeypatch.setattr(group_commit, "_GATHER_MAX_SECONDS", 60.0)
     env.batch_sizes, env.commit_seconds = (2, 2), 120.0
     first = threading.Thread(target=store.transact, args=(lambda txn: txn.put(b"a", b"1"),))
     first.start()
@@ -778,7 +778,7 @@ def test_lmdb_gathering_leader_waits_for_company_as_long_as_a_commit(
     bound is checked: a timed wait never ends early."""
     store = LMDBStore(str(tmp_path / "g"))
     env = store._env
-    monkeypatch.setattr(commitqueue, "_GATHER_MAX_SECONDS", 60.0)
+    monkeypatch.setattr(group_commit, "_GATHER_MAX_SECONDS", 60.0)
     env.batch_sizes, env.commit_seconds = (2, 2), 0.3
     started = time.monotonic()
     store.transact(lambda txn: txn.put(b"a", b"1"))  # company expected; none comes

@@ -81,8 +81,8 @@ The modules, each importing only modules listed before it:
 * ``ranges``: range scans and deletes on a cursor;
 * ``growth``: map growth, the delete-only reserve, zeroing ahead, dead readers;
 * ``snapshot``: beginning transactions, on a settled snapshot;
-* ``commitqueue``: the queue of the group commit;
-* ``environment``: ``_Env`` (made of the three above), its registry, ``fork()``;
+* ``environment``: ``_Env`` (made of the two above and ``kv.group_commit``'s
+  queue, which ``kv.postgres`` shares), its registry, ``fork()``;
 * ``store``: ``LMDBStore`` and its transactions;
 * ``compact``: ``compact_lmdb``.
 """

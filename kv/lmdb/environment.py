@@ -6,7 +6,8 @@ directory share one ``_Env`` (``_REGISTRY``, refcounted; ``_registered``
 forgets one whose files were deleted or replaced since). After ``fork()`` the
 child reopens the directory on first use (``check_fork``), and the fork hooks
 here make sure that no transaction is open across the fork. An ``_Env`` is
-made of the parts in ``growth``, ``snapshot`` and ``commitqueue``.
+made of the parts in ``growth`` and ``snapshot``, and of the group-commit queue
+(``kv.group_commit``).
 
 ``_PID`` and ``_REGISTRY_LOCK`` are set anew in a forked child: other modules
 read them as attributes of this module, never through ``from ... import``.
@@ -21,8 +22,8 @@ from typing import Any, Literal
 
 import lmdb
 
+from ..group_commit import CommitQueue
 from ..store import CorruptStoreError, KVError
-from .commitqueue import _CommitQueue, _Request
 from .datafile import _TXNID, _check_data_file, _identity, _map_metas
 from .gate import _SharedExclusive
 from .lockfile import _hold_shared
@@ -35,9 +36,10 @@ _DURABILITY: dict[str, dict[str, bool]] = {
     "none": {"sync": False, "metasync": False},
 }
 _DEFAULT_MAP_SIZE = 64 << 20
+_POLL_SECONDS = 0.05  # a waiting transact() call looks at its request this often
 
 
-class _Env(_Snapshots, _CommitQueue):
+class _Env(_Snapshots, CommitQueue):
     """One process's handle on one LMDB directory, shared by its stores."""
 
     def __init__(self, path: str, readonly: bool, options: dict[str, Any]) -> None:
@@ -61,27 +63,8 @@ class _Env(_Snapshots, _CommitQueue):
         self.noop_txnid = -1  # see commit_noop()
         self.over_cap = False  # a delete-only transaction is using the reserve
         self.headroom_skips = 0  # see ensure_headroom()
-        self.queue_lock = threading.Lock()
-        self.queue: list[_Request] = []
-        # Group commit (transact()): the request whose thread commits batches
-        # now, and the batch it took. Both change only under queue_lock.
-        self.leader: _Request | None = None
-        self.batch: list[_Request] = []
-        self.batch_sizes = (1, 1)  # the last two batches
-        # A leader waiting for its batch to fill (gather()): its wake-up lock
-        # and how many queued requests release it. Changes only under queue_lock.
-        self.gatherer: tuple[threading.Lock, int] | None = None
-        # Whether waiting pays (see gather): after a gather that found its
-        # batch short, whether a request queued within the wait's limit
-        # (``came``, until ``watch_until``; 0.0: no gather being watched), and
-        # per kind of leading request (``watched``, see _kind), a moving
-        # average of that over its last such gathers (``gains``). Change only
-        # under queue_lock.
-        self.gains: dict[Any, float] = {}
-        self.watched: Any = None
-        self.came = False
-        self.watch_until = 0.0
-        self.commit_seconds = 0.0  # how long the last batch took
+        # transact()'s group commit (kv.group_commit), leaders gathering
+        self.init_queue(poll_seconds=_POLL_SECONDS, gathers=True)
         self.gate = _SharedExclusive()
         # Zeroing ahead (see zero_ahead()): the data file's end we know is
         # written, and the fd we write through; only where commits fsync.
@@ -210,11 +193,7 @@ def _after_fork_child() -> None:
         # Locks may have been held by parent threads that do not exist here.
         env.write_lock = threading.Lock()
         env.writer = None
-        env.queue_lock = threading.Lock()
-        env.queue = []
-        env.leader = None
-        env.batch = []
-        env.gatherer = None
+        env.init_queue(poll_seconds=_POLL_SECONDS, gathers=True)
         env.gate = _SharedExclusive()
 
 

@@ -3,8 +3,9 @@ and the group commit that runs ``transact``.
 
 Opening finds or opens the directory's shared ``_Env`` (``environment``);
 reads enter a ``_ReadContext``; ``write()`` holds the writer lock for one
-transaction, and ``transact()`` queues its function for the leader of the
-commit queue, which runs the batch in one transaction (``_run_batch``).
+transaction, and ``transact()`` queues its function in the group-commit queue
+(``kv.group_commit``), whose leader runs the batch in one transaction
+(``_run_batch``).
 """
 
 from __future__ import annotations
@@ -20,18 +21,19 @@ from typing import Any, TypeVar
 
 import lmdb
 
+from ..group_commit import Request as _Request
 from ..store import (
     CorruptStoreError,
     KeyTooLongError,
     KVError,
     ReadOnlyError,
+    ScanArgs,
     Store,
     StoreClosedError,
 )
 
 # _PID and _REGISTRY_LOCK through the module: a forked child sets them anew.
 from . import environment as _environment
-from .commitqueue import _POLL_SECONDS, _Request, _wake
 from .environment import (
     _DEFAULT_MAP_SIZE,
     _DURABILITY,
@@ -180,6 +182,9 @@ class _LMDBTxn:
     def delete_range(self, start: bytes | None, stop: bytes | None) -> int:
         self._require_write()
         return int(self._mutate("delete_range", start, stop))
+
+    def prefetch(self, keys: Sequence[bytes] = (), scans: Sequence[ScanArgs] = ()) -> None:
+        """Nothing: a memory-mapped read costs no more later (``Txn.prefetch``)."""
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         cur = self._cur or self._point()
@@ -417,20 +422,10 @@ class LMDBStore(Store):
         return req.result  # type: ignore[return-value]
 
     def _group_commit(self, env: _Env, req: _Request) -> None:
-        with env.queue_lock:
-            env.queue.append(req)
-            if env.watch_until and not env.came and time.monotonic() <= env.watch_until:
-                env.came = True  # a wait of the watched gather gains (see gather)
-            if env.leader is None:
-                env.leader = req
-            elif (g := env.gatherer) is not None and len(env.queue) >= g[1]:
-                env.gatherer = None  # with the release: only one, of a lock held
-                g[0].release()  # the leader waits for no more (see gather)
-        if env.leader is not req:
-            # Until a leader has done our function, or made us lead.
-            while not req.wake.acquire(timeout=_POLL_SECONDS):
-                if req.done or env.leader is req:
-                    break
+        """Queue ``req`` (kv.group_commit); as the leader, commit a batch
+        under the writer lock, then hand the lead over."""
+        if not env.submit(req):
+            env.wait_turn(req)
             if req.done:
                 return
         batch = env.gather()
@@ -442,12 +437,7 @@ class LMDBStore(Store):
                 env.commit_seconds = time.monotonic() - started
             finally:
                 env.writer = None
-        for r in batch:
-            if r is not req:
-                # Before handing over, not under queue_lock: woken callers
-                # queue their next request while we still lead, so it joins
-                # the next batch instead of leading alone.
-                _wake(r)
+        env.wake_done(req, batch)
         with env.queue_lock:
             env.hand_over(req)
 

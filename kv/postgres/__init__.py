@@ -92,7 +92,8 @@ listed before it (type hints alone may look back): ``errors`` (the exceptions,
 psycopg's errors translated), ``statements`` (the SQL, prepared statements'
 names, binary arrays), ``driver`` (the libpq exchange), ``cache`` (what
 speculation guesses from), ``txn`` (one transaction), ``connections`` and
-``group_commit`` (base classes of the store: its connections, ``transact``),
+``transact`` (base classes of the store: its connections, ``transact`` on
+``kv.group_commit``'s queue, the one LMDB uses too),
 ``postgres_store`` (``PostgresStore``).
 """
 

@@ -16,13 +16,13 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..group_commit import CommitQueue
 from ..store import KVError, StoreClosedError
 from .errors import StoreUnavailableError, _translate
 from .statements import _register_arrays
 from .txn import _PGTxn
 
 if TYPE_CHECKING:
-    from .group_commit import _Call
     from .statements import _Queries
 
 
@@ -163,9 +163,7 @@ class _Connections:
         _serializable: weakref.WeakKeyDictionary[Any, bool]
         _write_lock: threading.Lock
         _writer: int | None
-        _calls: list[_Call]
-        _calls_lock: threading.Lock
-        _leader: _Call | None
+        _commits: CommitQueue
 
     # -- connections ------------------------------------------------------------
     def _check_open(self) -> None:
@@ -190,9 +188,9 @@ class _Connections:
         self._finalizer = weakref.finalize(self, _close_pool, self._pool, self._pid)
         self._write_lock = threading.Lock()
         self._writer = None
-        self._calls = []
-        self._calls_lock = threading.Lock()
-        self._leader = None
+        self._commits = CommitQueue(
+            poll_seconds=self._commits.poll_seconds, gathers=self._commits.gathers
+        )
 
     def _getconn(self) -> Any:
         """A connection of the pool, ready for our statements."""

@@ -1,7 +1,8 @@
 """``PostgresStore``: its options and state, the schema record (``setup``: the
 table created, or checked), read and write transactions opened and closed, and
 maintenance. Its connections (connections.py) and ``transact`` with its group
-commit (group_commit.py) are base classes of their own, to keep modules small.
+commit (transact.py, on ``kv.group_commit``'s queue) are base classes of their
+own, to keep modules small.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from ..group_commit import CommitQueue
 from ..store import CorruptStoreError, FormatVersionError, KVError, ReadOnlyError, Store
 from .cache import _Cache
 from .connections import _close_pool, _Connections, _Lingering
 from .driver import _IDLE, _psycopg
 from .errors import _translate
-from .group_commit import _Call, _GroupCommit
 from .statements import FORMAT_VERSION, _Queries
+from .transact import POLL_SECONDS, _GroupCommit
 from .txn import _PGTxn
 
 _MARK = "kvsaver.kv PostgresStore format "
@@ -136,10 +138,9 @@ class PostgresStore(_Connections, _GroupCommit, Store):
         self._setup_lock = threading.Lock()
         self._write_lock = threading.Lock()
         self._writer: int | None = None
-        # transact's group commit: calls waiting for a leader (see transact)
-        self._calls: list[_Call] = []
-        self._calls_lock = threading.Lock()
-        self._leader: _Call | None = None
+        # transact's group commit (see transact): a leader takes every call
+        # queued, waiting for none (a commit is a network round trip)
+        self._commits = CommitQueue(poll_seconds=POLL_SECONDS, gathers=False)
         self._statements = 0  # statements sent (tests count round trips with these)
         self._cache = _Cache()
         self._adapted: weakref.WeakSet[Any] = weakref.WeakSet()

@@ -11,7 +11,7 @@ import hashlib
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..store import KeyTooLongError, KVError, ReadOnlyError, StoreClosedError
+from ..store import KeyTooLongError, KVError, ReadOnlyError, ScanArgs, StoreClosedError
 from .cache import _inside
 from .driver import (
     _LIB,
@@ -510,6 +510,15 @@ class _PGTxn:
             for k in missing:
                 known[k] = found.get(k)
         return [known.get(k) for k in keys]
+
+    def prefetch(self, keys: Sequence[bytes] = (), scans: Sequence[ScanArgs] = ()) -> None:
+        """The scans' first chunks queued (as ``scan`` queues them, for the
+        identical scans that follow), then ``keys`` looked up with them in
+        one round trip; with no keys, the scans go with the next one."""
+        for start, stop, reverse, limit in scans:
+            self.scan(start, stop, reverse=reverse, limit=limit)
+        if keys:
+            self.get_many(keys)
 
     def put(self, key: bytes, value: bytes) -> None:
         self._require_write()

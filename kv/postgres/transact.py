@@ -1,8 +1,10 @@
 """``transact``: a function run in a SERIALIZABLE transaction, rerun after a
 conflict or a lost connection, with the group commit that runs the calls other
-threads make meanwhile in one transaction and one commit (``_Call``: one call
-queued). ``_GroupCommit`` holds these methods of ``PostgresStore``, whose
-``__init__`` makes their state.
+threads make meanwhile in one transaction and one commit. The queue of calls
+and its leader are ``kv.group_commit``'s, which LMDB shares; here is what
+PostgreSQL does with a batch: undo one function's buffered changes alone,
+speculate, rerun after a conflict. ``_GroupCommit`` holds these methods of
+``PostgresStore``, whose ``__init__`` makes their state (``_commits``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from ..group_commit import CommitQueue, Request
 from ..store import ReadOnlyError
 from .errors import CommitUnknownError, SpeculationFailed, StoreConflictError, StoreUnavailableError
 from .txn import _PGTxn
@@ -23,28 +26,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 _SPECULATE_BELOW = 0.25  # speculate while fewer guesses than this fail (moving average)
-_POLL_SECONDS = 0.5  # a call waiting in a group commit checks its state this often
-
-
-_allocate_lock = threading.Lock  # a group commit's wake-up locks (a test stands one in)
-
-
-class _Call:
-    """One ``transact`` call in a group commit: its function, and what it
-    gave. A call queued behind a leader waits on ``wake`` (a lock held from
-    the start), released once: when it is done, or when its thread is to
-    lead."""
-
-    __slots__ = ("done", "error", "fn", "result", "wake", "withdrawn")
-
-    def __init__(self, fn: Callable[[Any], Any]) -> None:
-        self.fn = fn
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.done = False
-        self.withdrawn = False  # its caller was interrupted while it waited
-        self.wake = _allocate_lock()
-        self.wake.acquire()
+POLL_SECONDS = 0.5  # a call waiting in a group commit looks at its state this often
 
 
 def _retryable(error: BaseException, txn: _PGTxn) -> bool:
@@ -67,9 +49,7 @@ class _GroupCommit:
         _misses: float
         _cache: _Cache
         _writer: int | None
-        _calls: list[_Call]
-        _calls_lock: threading.Lock
-        _leader: _Call | None
+        _commits: CommitQueue
 
         def _check_open(self) -> None: ...
         def _enter_writer(self) -> None: ...
@@ -114,37 +94,30 @@ class _GroupCommit:
             raise ReadOnlyError(f"{self!r} was opened read-only")
         if self._writer == threading.get_ident():
             raise RuntimeError("a write transaction is already open in this thread")
-        call = _Call(fn)
-        with self._calls_lock:
-            self._calls.append(call)
-            lead = self._leader is None
-            if lead:
-                self._leader = call
+        call = Request(fn)
+        commits = self._commits
         try:
-            if not lead:
-                # Until a leader ran it, or made this thread lead (woken by a
-                # release; the check covers a wake-up an interrupt swallowed).
-                while not call.wake.acquire(timeout=_POLL_SECONDS):
-                    if call.done or self._leader is call:
-                        break
+            if not commits.submit(call):
+                commits.wait_turn(call)
             if not call.done:
                 self._lead(call)
         except BaseException:  # an interrupt: no call of ours left queued or leading
-            self._withdraw(call)
+            with commits.queue_lock:
+                commits.withdraw(call)
             raise
         if call.error is not None:
             raise call.error
         return call.result  # type: ignore[no-any-return]
 
-    def _lead(self, call: _Call) -> None:
+    def _lead(self, call: Request) -> None:
         """Run every queued call (``call`` among them) as one batch, then make
         the first call queued meanwhile the next leader."""
-        batch: list[_Call] = []
+        commits = self._commits
+        batch: list[Request] = []
         try:
             self._enter_writer()  # write() blocks of other threads wait (and we for them)
             try:
-                with self._calls_lock:
-                    batch, self._calls = self._calls, []
+                batch = commits.gather()
                 self._run_batch(batch)
             finally:
                 self._leave_writer()
@@ -152,46 +125,14 @@ class _GroupCommit:
             # Not run (the store closed, an interrupt): the next leader runs
             # the others' calls (an interrupt while committing made them done,
             # with CommitUnknownError); an interrupt is this thread's alone.
-            # This call leaves the queue (not taken when _enter_writer failed):
-            # else it would be made the next leader, done, and lead nobody.
-            others = [c for c in batch if not c.done and c is not call]
-            with self._calls_lock:
-                if call in self._calls:
-                    self._calls.remove(call)
-                self._calls[:0] = others
             if not isinstance(e, Exception):
                 raise
             if not call.done:
                 call.error, call.done = e, True
         finally:
-            with self._calls_lock:
-                nxt = self._next_leader()
-            for c in batch:
-                if c is not call and c.done:
-                    c.wake.release()
-            if nxt is not None:
-                nxt.wake.release()
-
-    def _withdraw(self, call: _Call) -> None:
-        """An interrupted caller's call leaves the queue, and the lead passes
-        on if it had just been handed to it. A call a leader has taken
-        already is run (or was): as with any interrupted commit, the caller
-        cannot know whether it was applied."""
-        call.withdrawn = True  # a leader that took it already skips it if it can
-        with self._calls_lock:
-            if call in self._calls:
-                self._calls.remove(call)
-            if self._leader is not call:
-                return
-            nxt = self._next_leader()
-        if nxt is not None:
-            nxt.wake.release()
-
-    def _next_leader(self) -> _Call | None:
-        """Under ``_calls_lock``: the first call queued leads next (the
-        caller wakes it), or none does."""
-        self._leader = self._calls[0] if self._calls else None
-        return self._leader
+            commits.wake_done(call, batch)
+            with commits.queue_lock:
+                commits.hand_over(call)
 
     def _close_quietly(self, txn: _PGTxn) -> None:
         try:
@@ -199,7 +140,7 @@ class _GroupCommit:
         except Exception:
             pass
 
-    def _run_batch(self, batch: list[_Call]) -> None:
+    def _run_batch(self, batch: list[Request]) -> None:
         """One transaction for ``batch``'s functions, committed once; reruns
         as ``transact`` says; every call ends done, with its result or error
         (an interrupt propagates: see _lead). A call whose function raised
@@ -207,12 +148,12 @@ class _GroupCommit:
         transaction is rolled back, and it runs after the others' commit, by
         itself: its error is then that of a function run as if alone, after
         them (not one seen in changes of theirs that were never committed)."""
-        later: list[_Call] = []
+        later: list[Request] = []
         self._run_together(batch, later)
         for c in later:
             self._run_together([c], later)
 
-    def _run_together(self, batch: list[_Call], later: list[_Call]) -> None:
+    def _run_together(self, batch: list[Request], later: list[Request]) -> None:
         attempt = 0
         speculate = self.speculate and self._misses < _SPECULATE_BELOW
         if self.speculate and not speculate:
@@ -277,18 +218,18 @@ class _GroupCommit:
             time.sleep(min(2.0, 0.01 * 2**attempt) * (0.5 + random.random()))
 
     def _run_calls(
-        self, txn: _PGTxn, todo: list[_Call]
-    ) -> tuple[list[_Call], _Call | None, BaseException | None]:
+        self, txn: _PGTxn, todo: list[Request]
+    ) -> tuple[list[Request], Request | None, BaseException | None]:
         """Run the functions of ``todo`` in ``txn``: (the calls whose function
         returned, or raised and had its changes undone alone (its error kept
         for when the transaction commits; rerun with the others if it does
         not), a call whose function raised and whose changes could not be
         undone alone (the transaction must be rolled back), the store's own
         error that failed the transaction)."""
-        ran: list[_Call] = []
+        ran: list[Request] = []
         alone = len(todo) == 1
         for c in todo:
-            if c.done or c.withdrawn:
+            if c.done or c.abandoned:
                 continue
             mark = None if alone else txn._mark()
             c.result, c.error = None, None
