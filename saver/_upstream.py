@@ -13,7 +13,9 @@ name                                      used by
                                           serialized one by one
 ``jsonplus._option``                      ``elements``: the same options
 ``_msgpack.SAFE_MSGPACK_TYPES``           ``messages``: the classes built
-                                          without the stock hook
+                                          without the stock hook; and with
+``_msgpack.SAFE_MSGPACK_METHODS``         it ``tools/sources.py``: what the
+                                          commands show as not allowed
 ``JsonPlusSerializer._unpack_ext_hook``   ``compression.loader``: the stock
                                           ext hook, with its allowlist
 ``._custom_unpack_ext_hook``              ``compression.loader``: a user's
@@ -46,6 +48,7 @@ from typing import Any
 from langgraph.checkpoint.serde import jsonplus as _jsonplus
 
 __all__ = [
+    "SAFE_MSGPACK_METHODS",
     "SAFE_MSGPACK_TYPES",
     "computed_fields",
     "core_schema",
@@ -63,9 +66,9 @@ msgpack_enc: Any = getattr(_jsonplus, "_msgpack_enc", None)
 msgpack_option: int | None = getattr(_jsonplus, "_option", None)
 
 try:  # langgraph-checkpoint 4.0.1+ (4.0.0 has no allowlist: no loader uses this there)
-    from langgraph.checkpoint.serde._msgpack import SAFE_MSGPACK_TYPES
+    from langgraph.checkpoint.serde._msgpack import SAFE_MSGPACK_METHODS, SAFE_MSGPACK_TYPES
 except ImportError:  # pragma: no cover - depends on the installed release
-    SAFE_MSGPACK_TYPES = frozenset()
+    SAFE_MSGPACK_TYPES = SAFE_MSGPACK_METHODS = frozenset()
 
 
 def stock_ext_hook(serde: Any) -> Callable[[int, bytes], Any] | None:

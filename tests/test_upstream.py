@@ -137,3 +137,14 @@ def test_the_migrations_strict_reads_find_the_serializers_policy() -> None:
     assert U.msgpack_policy(JsonPlusSerializer()) is not False
     assert U.custom_ext_hook(JsonPlusSerializer()) is False
     assert U.custom_ext_hook(JsonPlusSerializer(__unpack_ext_hook__=lambda c, d: d)) is True
+
+
+def test_the_commands_safe_methods_list() -> None:
+    """``SAFE_MSGPACK_METHODS`` (tools/sources.py: which stored method calls
+    the commands decode) holds (module, class, method) triples, datetime's
+    ``fromisoformat`` among them, where the release has strict msgpack."""
+    if not HAS_STRICT_MSGPACK:  # langgraph-checkpoint 4.0.0: no allowlist at all
+        return
+    assert U.SAFE_MSGPACK_METHODS, "langgraph.checkpoint.serde._msgpack changed"
+    assert all(isinstance(t, tuple) and len(t) == 3 for t in U.SAFE_MSGPACK_METHODS)
+    assert ("datetime", "datetime", "fromisoformat") in U.SAFE_MSGPACK_METHODS

@@ -40,12 +40,13 @@ from kvsaver import KVSaver
 from kvsaver import schema as S
 from kvsaver import stats as ST
 from kvsaver import threads as TH
+from kvsaver._compat import HAS_STRICT_MSGPACK, strict_jsonplus
+from kvsaver._upstream import SAFE_MSGPACK_METHODS, SAFE_MSGPACK_TYPES
 from kvsaver.kv import KVError
 from kvsaver.kv.file import MAGIC as FILESTORE_MAGIC
 from kvsaver.kv.keys import unpack
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 from langgraph.checkpoint.serde import jsonplus as JP
-from langgraph.checkpoint.serde._msgpack import SAFE_MSGPACK_METHODS, SAFE_MSGPACK_TYPES
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from .cliutil import Fail
@@ -84,7 +85,11 @@ _CONSTRUCTORS = {
 
 def strict_serde() -> SerializerProtocol:
     """LangGraph's serializer in strict msgpack mode, whose blocked types
-    come back as ``Unallowed`` markers instead of their raw arguments."""
+    come back as ``Unallowed`` markers instead of their raw arguments.
+    Where the installed release has no strict mode (langgraph-checkpoint
+    4.0.0), LangGraph's one decoding, as the README's Security section says."""
+    if not HAS_STRICT_MSGPACK:
+        return strict_jsonplus()
     # The strict hook LangGraph builds for allowed_msgpack_modules=None; ours
     # only decides what is blocked and hands everything else to it.
     strict = JP.JsonPlusSerializer(allowed_msgpack_modules=None)._unpack_ext_hook
