@@ -319,6 +319,24 @@ def test_options_are_kvsavers_and_checked_first(tmp_path: Path) -> None:
         assert s.get(("a",), "k") is not None
 
 
+def test_option_errors_name_kvstore(tmp_path: Path) -> None:
+    """The option checks are KVSaver's; raised for a KVStore, they name it."""
+    cases: list[tuple[Any, dict[str, Any], str]] = [
+        (tmp_path / "s", {"durabilty": "none"}, r"^KVStore got an unexpected keyword argument "
+         r"'durabilty'; did you mean 'durability'\?"),
+        (":memory:", {"durability": "none"}, r"^KVStore option 'durability' applies only to "
+         r"the lmdb backend, not to ':memory:'"),
+        (MemoryStore(), {"max_size": 1 << 20}, r"^KVStore\(store\): max_size apply only when "
+         r"KVStore opens the store itself"),
+    ]  # fmt: skip
+    for where, options, message in cases:
+        with pytest.raises(OptionError, match=message) as err:
+            KVStore(where, **options)
+        assert "KVSaver" not in str(err.value)
+    with pytest.raises(OptionError, match=r"^KVSaver option 'durability'"):  # KVSaver's own
+        KVSaver(":memory:", durability="none")
+
+
 def test_an_index_without_numpy_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import builtins
 
