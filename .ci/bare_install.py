@@ -1,8 +1,8 @@
 """The wheel alone: run by .ci/run in a fresh venv holding kvsaver and exactly
 its declared dependencies (no extra, no langgraph), from a directory outside
 the clone. Every module of the wheel imports; both local backends, the saver
-on each, the command line and a migration work; each optional feature names
-the extra that brings it.
+on each, the store (KVStore, without an index), the command line and a
+migration work; each optional feature names the extra that brings it.
 
     python .ci/bare_install.py
 """
@@ -34,6 +34,7 @@ UNDECLARED = [
     "Crypto",
     "aiosqlite",
     "pytest",
+    "numpy",  # the vector extra
 ]
 
 
@@ -101,8 +102,28 @@ def saver_roundtrip(where: str, thread: str = "t\x00\U0001f600") -> None:
             assert len(list(saver.list({"configurable": {"thread_id": thread}}))) == 5
 
 
+def store_roundtrip(where: str) -> None:
+    """KVStore without an index: put, get, a filtered search, delete."""
+    from kvsaver import KVStore
+
+    ns = ("users", "\U0001f600")
+    with KVStore(where) as store:
+        for i in range(5):
+            store.put(ns, f"k\x00{i}", {"n": i, "text": f"note {i}"})
+        item = store.get(ns, "k\x003")
+        assert item is not None and item.value == {"n": 3, "text": "note 3"}, item
+        found = store.search(("users",), filter={"n": {"$gte": 2}}, limit=10)
+        assert [i.key for i in found] == [f"k\x00{i}" for i in (2, 3, 4)], found
+        store.delete(ns, "k\x000")
+        assert store.get(ns, "k\x000") is None
+        assert store.list_namespaces() == [ns]
+    if where != ":memory:":
+        with KVStore(where, readonly=True) as store:  # reopened: nothing lost
+            assert len(store.search(ns, limit=10)) == 4
+
+
 def extras_are_named(tmp: Path) -> None:
-    from kvsaver import KVSaver
+    from kvsaver import KVSaver, KVStore
     from kvsaver.kv import MissingDependencyError, PostgresStore
 
     url = "postgresql://nobody@127.0.0.1:1/none"
@@ -113,6 +134,13 @@ def extras_are_named(tmp: Path) -> None:
             assert isinstance(e, ImportError) and "kvsaver[postgres]" in str(e), e
         else:
             raise AssertionError(f"{opening.__name__}(postgresql://...) opened without psycopg")
+    index = {"dims": 4, "embed": lambda texts: [[1.0, 0.0, 0.0, 0.0] for _ in texts]}
+    try:
+        KVStore(str(tmp / "vector-store"), index=index)  # type: ignore[arg-type]
+    except MissingDependencyError as e:
+        assert isinstance(e, ImportError) and "pip install 'kvsaver[vector]'" in str(e), e
+    else:
+        raise AssertionError("KVStore(index=...) opened without numpy")
 
 
 def _sqlite_source(path: Path) -> None:
@@ -197,10 +225,14 @@ def main() -> None:
         kv_backends(tmp)
         saver_roundtrip(":memory:")
         saver_roundtrip(str(tmp / "saver-dir"))
+        store_roundtrip(":memory:")
+        store_roundtrip(str(tmp / "store-dir"))
+        store_roundtrip(str(tmp / "saver-dir"))  # beside the saver's checkpoints
         extras_are_named(tmp)
         command_line(tmp)
     print(f"bare install: {len(names)} modules import; memory, LMDB and file stores, the saver,")
-    print("  the kvsaver command and a migration work with only the declared dependencies")
+    print("  the store, the kvsaver command and a migration work with only the declared")
+    print("  dependencies")
 
 
 if __name__ == "__main__":

@@ -108,15 +108,17 @@ def choose(
     backend: str | None,
     options: Mapping[str, Any],
     saver_init: Callable[..., Any],
+    owner: str = "KVSaver",
 ) -> str | None:
     """The backend KVSaver(path_or_store, ...) opens (None: a Store given),
     after checking every store option against it (``saver_init``: KVSaver's
-    ``__init__``, whose options a misspelling is compared with too)."""
+    ``__init__``, whose options a misspelling is compared with too).
+    ``owner``: the class the errors name (KVStore checks its options here)."""
     if isinstance(path_or_store, Store):
         if backend is not None or options:
             given = ", ".join(sorted({*options, *(["backend"] if backend else [])}))
             raise OptionError(
-                f"KVSaver(store): {given} apply only when KVSaver opens the store itself; "
+                f"{owner}(store): {given} apply only when {owner} opens the store itself; "
                 "pass them to the store's constructor instead"
             )
         return None
@@ -150,14 +152,14 @@ def choose(
                 else "it takes no store options"
             )
             raise OptionError(
-                f"KVSaver option {name!r} applies only to the {' and '.join(owners)} "
+                f"{owner} option {name!r} applies only to the {' and '.join(owners)} "
                 f"backend, not to {where}: {theirs}"
             )
         known = sorted({*_saver_options(chosen, saver_init), *valid})
         close = difflib.get_close_matches(name, [*known, *_all_store_options()], n=1)
         hint = f"; did you mean {close[0]!r}?" if close else "."
         raise OptionError(
-            f"KVSaver got an unexpected keyword argument {name!r}{hint} "
+            f"{owner} got an unexpected keyword argument {name!r}{hint} "
             f"Valid options for {where}: {', '.join(known)}"
         )
     return chosen

@@ -3,7 +3,9 @@
 One pass over every key, in short read transactions of a few thousand
 records (a long stats run never pins old pages of a store that is being
 written). Bytes are key plus value lengths: what the records themselves take,
-before the backend's page and file overhead, which ``disk_bytes`` shows.
+before the backend's page and file overhead, which ``disk_bytes`` shows. A
+KVStore's keyspace on the same directory is counted apart (its items and
+bytes) and in the live bytes: they take the file's pages too.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from kvsaver.kv import CorruptStoreError, Store, SupportsDiskUsage
 from kvsaver.kv.keys import pack, unpack
 
 from . import schema as S
-from .kvstore.keyspace import store_range
+from .kvstore.keyspace import ITEM, STORE, store_range
 from .upgrade import LEGACY_WRITE_KEY_LEN
 
 __all__ = ["StoreStats", "ThreadStats"]
@@ -26,6 +28,7 @@ _CHUNK = 2048
 # idle) only add to live bytes, so their keys are not unpacked (most keys of
 # a store are index keys, and `kvsaver threads` runs this pass too).
 _PER_THREAD = tuple(pack((kind,)) for kind in (S.CHECKPOINT, S.WRITE, S.BLOB, S.ACTIVITY, S.HEAD))
+_STORE_ITEM = pack((STORE, ITEM))  # a KVStore item's record: one per item
 
 
 @dataclass(frozen=True)
@@ -45,10 +48,12 @@ class StoreStats:
     """The whole store; ``threads`` is sorted largest first."""
 
     disk_bytes: int  # files on disk (LMDBStore, FileStore); live bytes in memory
-    live_bytes: int  # keys + values of every record, indexes included
+    live_bytes: int  # keys + values of every record, indexes and store_bytes included
     checkpoints: int
     writes: int
     blobs: int
+    store_items: int  # a KVStore's items on the same store (not checkpoints)
+    store_bytes: int  # keys + values of the KVStore's records (items, indexes, vectors)
     threads: list[ThreadStats] = field(default_factory=list)
 
     def format(self, top: int | None = 20) -> str:
@@ -62,6 +67,10 @@ class StoreStats:
             f"writes       {self.writes:>14,}",
             f"blobs        {self.blobs:>14,}",
         ]
+        if self.store_bytes:
+            lines.append(
+                f"store items  {self.store_items:>14,}  (KVStore, {self.store_bytes:,} bytes)"
+            )
         shown = self.threads if top is None else self.threads[:top]
         if shown:
             lines.append("")
@@ -77,18 +86,13 @@ class StoreStats:
 
 
 def _scan_all(store: Store) -> Iterator[tuple[bytes, bytes]]:
-    """Every KVSaver record: a KVStore's keyspace on the same directory is
-    stepped over (its items are not checkpoints, nor the saver's bytes)."""
-    skip_lo, skip_hi = store_range()
+    """Every record, in chunks of short read transactions."""
     start: bytes | None = None
     while True:
         with store.read() as txn:
             n = 0
             resume = None
             for key, value in txn.scan(start, None):
-                if skip_lo <= key < skip_hi:
-                    resume = skip_hi
-                    break
                 yield key, value
                 n += 1
                 if n == _CHUNK:
@@ -109,7 +113,8 @@ def collect(store: Store) -> StoreStats:
     names: dict[Any, str] = {}  # surrogate thread element -> thread id
     activity: dict[Any, int] = {}
     slot = {S.CHECKPOINT: 0, S.WRITE: 1, S.BLOB: 2}
-    live = 0
+    live = store_items = store_bytes = 0
+    store_lo, store_hi = store_range()
     # (task_id, idx) seen in format-1 write keys of one checkpoint (the keys
     # of a checkpoint are contiguous, so one checkpoint's set at a time)
     legacy: set[tuple[Any, ...]] = set()
@@ -118,6 +123,9 @@ def collect(store: Store) -> StoreStats:
         size = len(key) + len(value)
         live += size
         if not key.startswith(_PER_THREAD):
+            if store_lo <= key < store_hi:  # a KVStore's: items, not the saver's threads
+                store_bytes += size
+                store_items += key.startswith(_STORE_ITEM)
             continue
         elements = unpack(key)
         kind = elements[0]
@@ -167,5 +175,7 @@ def collect(store: Store) -> StoreStats:
         checkpoints=sum(t.checkpoints for t in threads),
         writes=sum(t.writes for t in threads),
         blobs=sum(t.blobs for t in threads),
+        store_items=store_items,
+        store_bytes=store_bytes,
         threads=threads,
     )

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from kvsaver import KVSaver, KVStore
-from kvsaver.kvstore.keyspace import SCHEMA_KEY
+from kvsaver.kvstore.keyspace import SCHEMA_KEY, store_range
 from kvsaver.tools.cli import cli
 from kvsaver.tools.store_cli import format_namespace, parse_namespace, store_group
 from langgraph.checkpoint.base import empty_checkpoint
@@ -337,6 +337,39 @@ def test_sweep_removes_a_kvstores_expired_items(tmp_path: Any) -> None:
     with KVSaver(checkpoints_only, readonly=True) as s:  # the sweep wrote no store record
         with s.store.read() as txn:
             assert txn.get(SCHEMA_KEY) is None
+
+
+def test_sweep_counts_a_kvstores_items_in_live_bytes(tmp_path: Any) -> None:
+    """A store of KVStore items only: their bytes are the live bytes, so a
+    dense file gets no compact hint, and one whose items were mostly deleted
+    gets it."""
+    from langgraph.store.base import PutOp
+
+    path = str(tmp_path / "items")
+    ops = [PutOp(("mem", "u"), f"k{i}", {"text": "x" * 400, "i": i}) for i in range(3000)]
+    with KVStore(path) as store:
+        store.batch(ops)
+    doc = run_json("sweep", path, "--quiet")
+    with KVStore(path, readonly=True) as store, store.store.read() as txn:
+        live = sum(len(k) + len(v) for k, v in txn.scan(None, None))  # + the sweep's record
+        raw = sum(len(k) + len(v) for k, v in txn.scan(*store_range()))
+    assert (doc["store_items"], doc["store_bytes"], doc["live_bytes"]) == (3000, raw, live)
+    assert doc["disk_bytes"] < 2 * raw
+    text = run("sweep", path, "--quiet")
+    assert f"live bytes now {live:,} (KVStore: 3,000 items, {raw:,} bytes)" in text
+    assert "kvsaver compact" not in text
+    with KVSaver(path, readonly=True) as saver:
+        stats = saver.stats()
+        assert (stats.store_items, stats.store_bytes, stats.live_bytes) == (3000, raw, live)
+        assert stats.checkpoints == 0 and stats.threads == []
+        assert "store items           3,000  (KVStore, " in stats.format()
+    with KVStore(path) as store:
+        for i in range(3000):
+            if i % 10:
+                store.delete(("mem", "u"), f"k{i}")
+    doc = run_json("sweep", path, "--quiet")
+    assert doc["store_items"] == 300 and doc["disk_bytes"] > 2 * doc["live_bytes"]
+    assert f"kvsaver compact {path}" in run("sweep", path, "--quiet")
 
 
 # -- docs ----------------------------------------------------------------------------

@@ -170,6 +170,32 @@ def test_a_saver_and_a_store_on_one_directory_never_see_each_others_keys(
             assert n > 0
 
 
+def test_stats_count_a_kvstores_items_apart_and_in_live_bytes() -> None:
+    """A KVStore beside the saver on one store: its records are counted as
+    store items and bytes, and in the live bytes; the saver's counts are as
+    they were without it."""
+    kv = MemoryStore()
+    saver = KVSaver(kv)
+    g = chat_graph(saver)
+    for i in range(3):
+        g.invoke(human(i), {"configurable": {"thread_id": "t"}})
+    before = saver.stats()
+    assert before.store_items == before.store_bytes == 0
+    store = KVStore(kv, index={"dims": 2, "embed": lambda texts: [[1.0, 0.5]] * len(texts)})
+    for i in range(7):
+        store.put(("mem", f"u{i % 2}"), f"k{i}", {"text": f"note {i}"}, ttl=60 if i % 3 else None)
+    store.delete(("mem", "u0"), "k0")
+    after = saver.stats()
+    lo, hi = KS.store_range()
+    with kv.read() as txn:
+        store_bytes = sum(len(k) + len(v) for k, v in txn.scan(lo, hi))
+        live = sum(len(k) + len(v) for k, v in txn.scan(None, None))
+    assert (after.store_items, after.store_bytes) == (6, store_bytes)
+    assert after.live_bytes == live == before.live_bytes + store_bytes
+    assert after.threads == before.threads and after.checkpoints == before.checkpoints
+    assert f"store items               6  (KVStore, {store_bytes:,} bytes)" in after.format()
+
+
 def test_a_store_on_an_old_kvsaver_directory_survives_its_upgrade(tmp_path: Path) -> None:
     data = Path(__file__).parent / "data"
     with tarfile.open(data / "store_0_1_0_lmdb.tar.gz") as tar:
@@ -317,6 +343,24 @@ def test_options_are_kvsavers_and_checked_first(tmp_path: Path) -> None:
         s.put(("a",), "k", {"v": 1})
     with KVStore(tmp_path / "f.kvs", backend="file") as s:
         assert s.get(("a",), "k") is not None
+
+
+def test_option_errors_name_kvstore(tmp_path: Path) -> None:
+    """The option checks are KVSaver's; raised for a KVStore, they name it."""
+    cases: list[tuple[Any, dict[str, Any], str]] = [
+        (tmp_path / "s", {"durabilty": "none"}, r"^KVStore got an unexpected keyword argument "
+         r"'durabilty'; did you mean 'durability'\?"),
+        (":memory:", {"durability": "none"}, r"^KVStore option 'durability' applies only to "
+         r"the lmdb backend, not to ':memory:'"),
+        (MemoryStore(), {"max_size": 1 << 20}, r"^KVStore\(store\): max_size apply only when "
+         r"KVStore opens the store itself"),
+    ]  # fmt: skip
+    for where, options, message in cases:
+        with pytest.raises(OptionError, match=message) as err:
+            KVStore(where, **options)
+        assert "KVSaver" not in str(err.value)
+    with pytest.raises(OptionError, match=r"^KVSaver option 'durability'"):  # KVSaver's own
+        KVSaver(":memory:", durability="none")
 
 
 def test_an_index_without_numpy_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:

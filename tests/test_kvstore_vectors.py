@@ -600,3 +600,71 @@ def test_threads_searching_while_one_writes_each_see_their_snapshot(tmp_path: Pa
         for t in threads:
             t.join(timeout=120)
     assert not problems, problems[:5]
+
+
+# -- hostile names on LMDB ---------------------------------------------------------
+
+HOSTILE_NAMESPACES = [
+    ("🙂",),
+    ("L" * 10_000,),
+    ("L" * 10_000, "🙂"),
+    tuple(f"{i:02d}" + "d" * 62 for i in range(12)),  # 12 labels of 64: past one key
+    (*(f"{i:02d}" + "d" * 62 for i in range(11)), "other"),
+    tuple(f"{i:02d}" + "🙂" * 62 for i in range(12)),
+]
+HOSTILE_KEYS = ["", "a\x00b", "🙂", "K" * 10_000, "\x00" * 10_000]  # NULs: escaped, longer
+HOSTILE_FIELDS = ["t", "a\x00b", "🙂", "F" * 10_000, "\x00" * 47]
+
+
+def vector_keys(store: Any) -> list[bytes]:
+    with store.store.read() as txn:
+        return [key for key, _ in txn.scan(*vmod.namespace_range(())[:2])]
+
+
+def test_hostile_names_put_search_and_delete_on_lmdb(tmp_path: Path) -> None:
+    from kvsaver import KVStore
+
+    cases = [
+        (ns, key, field)
+        for ns in HOSTILE_NAMESPACES
+        for key, field in zip(HOSTILE_KEYS, HOSTILE_FIELDS[::-1])
+    ] + [(HOSTILE_NAMESPACES[3], f"{j}" + "K" * 10_000, f) for j, f in enumerate(HOSTILE_FIELDS)]
+    with KVStore(tmp_path / "db", index=config(Embedder(), ["t"])) as store:  # type: ignore[arg-type]
+        for i, (ns, key, field) in enumerate(cases):
+            store.put(ns, key, {field: f"text {i}"}, index=[field])
+        assert len(vector_keys(store)) == len(cases)
+        for i, (ns, key, field) in enumerate(cases):
+            item = store.get(ns, key)
+            assert item is not None and item.value == {field: f"text {i}"}
+            for prefix in (ns, ns[:-1], ()):
+                hits = store.search(prefix, query=f"text {i}", limit=len(cases))
+                assert (hits[0].namespace, hits[0].key) == (ns, key)
+                assert hits[0].score == pytest.approx(1.0)
+                assert all(h.namespace[: len(prefix)] == prefix for h in hits)
+        # a prefix past the budget: its range holds a sibling, the records tell them apart
+        deep, sibling = HOSTILE_NAMESPACES[3], HOSTILE_NAMESPACES[4]
+        got = {(h.namespace, h.key) for h in store.search(deep, query="text 0", limit=100)}
+        assert got == {(ns, key) for ns, key, _ in cases if ns == deep}
+        assert not any(ns == sibling for ns, _ in got)
+        for n, (ns, key, _field) in enumerate(cases, 1):
+            store.delete(ns, key)
+            assert len(vector_keys(store)) == len([c for c in cases[n:] if c[:2] != (ns, key)])
+            hits = store.search((), query="text 0", limit=len(cases))
+            assert (ns, key) not in {(h.namespace, h.key) for h in hits}
+        assert vector_keys(store) == []
+
+
+def test_a_prefix_past_the_budget_read_from_the_transaction_is_filtered(tmp_path: Path) -> None:
+    """A search in the transaction that made the counter reads the records
+    from ``txn`` (no cache can stand for it): the range of a prefix past
+    the key budget holds its siblings, which the search leaves out."""
+    deep, sibling = HOSTILE_NAMESPACES[3], HOSTILE_NAMESPACES[4]
+    vectors = Vectors(config(Embedder()))  # type: ignore[arg-type]
+    with LMDBStore(tmp_path / "db") as store, store.write() as txn:
+        for ns in (deep, sibling):
+            vectors.write(txn, ns, "k", [("$", fake_vector("q"))])
+        assert {ns for ns, _, _ in vectors.ranked(txn, fake_vector("q"), deep)} == {deep}
+        assert {ns for ns, _, _ in vectors.ranked(txn, fake_vector("q"), deep[:5])} == {
+            deep,
+            sibling,
+        }

@@ -171,6 +171,8 @@ def test_stats_of_an_empty_store() -> None:
     stats = KVSaver(":memory:").stats()
     assert stats.threads == [] and stats.checkpoints == stats.writes == stats.blobs == 0
     assert stats.live_bytes == stats.disk_bytes > 0  # the schema record
+    assert stats.store_items == stats.store_bytes == 0
+    assert "store items" not in stats.format()
 
 
 # -- compaction --------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ These are the ``kvsaver`` command's (``tools/cli.py``); this module runs the
 same three as ``python -m kvsaver.tools.storage``.
 
 ``stats`` opens the store read-only (beside running writers) and prints bytes
-on disk and live, and the largest threads. ``sweep`` applies a retention
+on disk and live (a KVStore's items on the same store included, and shown
+apart), and the largest threads. ``sweep`` applies a retention
 policy now, one short write transaction per thread, so it can run beside a
 live application, and removes the expired items of a KVStore on the same
 store (``KVStore.sweep_ttl``; without --keep-last or --ttl-minutes, only
@@ -159,6 +160,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.json:
         done = dataclasses.asdict(report) if report is not None else {}
         done = {**done, "items_expired": expired, "live_bytes": after.live_bytes}
+        done = {**done, "store_items": after.store_items, "store_bytes": after.store_bytes}
         print(json.dumps({**done, "disk_bytes": after.disk_bytes}, indent=2))
         return 0
     if report is not None:
@@ -168,7 +170,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         )
     if expired is not None:
         print(f"removed {expired:,} expired store item{'' if expired == 1 else 's'} (KVStore)")
-    print(f"live bytes now {after.live_bytes:,}; on disk {after.disk_bytes:,}")
+    theirs = (
+        f" (KVStore: {after.store_items:,} items, {after.store_bytes:,} bytes)"
+        if after.store_bytes
+        else ""
+    )
+    print(f"live bytes now {after.live_bytes:,}{theirs}; on disk {after.disk_bytes:,}")
     if after.disk_bytes > 2 * after.live_bytes and os.path.isdir(args.dir):
         print(f"the file keeps its size until compacted: kvsaver compact {args.dir}")
     return 0

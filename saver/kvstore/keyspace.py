@@ -63,17 +63,18 @@ def store_range() -> tuple[bytes, bytes]:
     return prefix_range((STORE,))
 
 
-def namespace_elements(labels: Sequence[str]) -> tuple[list[Any], bool]:
+def namespace_elements(labels: Sequence[str], budget: int = _NS_BUDGET) -> tuple[list[Any], bool]:
     """The key elements of a namespace's labels, and whether they are exact
     (no tail surrogate): an element of label i depends only on labels 0..i,
     so a namespace's elements start with those of each of its prefixes.
-    For any key that holds a namespace: it stays under LMDB's limit."""
+    For any key that holds a namespace: it stays under LMDB's limit (a key
+    holding more than the namespace passes a smaller ``budget``)."""
     out: list[Any] = []
     size = 0
     for i, label in enumerate(labels):
         el = k(label)
         n = len(pack((el,)))
-        if size + n > _NS_BUDGET:
+        if size + n > budget:
             rest = pack(tuple(labels[i:]))
             out.append(b"\xff" + hashlib.sha256(rest).digest())  # 33 bytes: not a k() surrogate
             return out, False

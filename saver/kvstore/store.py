@@ -99,7 +99,7 @@ class KVStore(BaseStore):
     ) -> None:
         if ttl is not None:
             _check_ttl_config(ttl)
-        chosen = B.choose(path_or_store, backend, store_options, KVStore.__init__)
+        chosen = B.choose(path_or_store, backend, store_options, KVStore.__init__, "KVStore")
         self.ttl_config = ttl
         self.index_config = index
         self._vectors = None

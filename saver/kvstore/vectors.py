@@ -6,8 +6,10 @@ Keys (``saver/schema.py``'s table has them): one record per (namespace, key,
 field path) under ``("s", "v", "e", *namespace, None, key, field)``; the None
 ends the namespace, so a prefix of labels is a prefix range and namespace
 ``("a",)``, key ``"b"`` is not namespace ``("a", "b")``. Long strings take the
-saver's short-key surrogates, so a record holds its full namespace, key and
-field besides the vector (float32 bytes, as the embedder gave it).
+saver's short-key surrogates, and the namespace the items' budget and tail
+surrogate (``keyspace.namespace_elements``), smaller by the key and field
+that follow it; so a record holds its full namespace, key and field besides
+the vector (float32 bytes, as the embedder gave it).
 
 Every change of an item's vectors also bumps a counter and appends the item
 to a change log, so that a process's cached matrix of the vectors can catch
@@ -38,6 +40,7 @@ from langgraph.store.base import IndexConfig
 from langgraph.store.base.embed import ensure_embeddings, get_text_at_path, tokenize_path
 
 from ..keyspace import k
+from .keyspace import namespace_elements
 
 if TYPE_CHECKING:
     import numpy as np
@@ -52,6 +55,10 @@ _LOG = "l"
 COUNTER_KEY = pack((STORE, VECTORS, _COUNTER))
 LOG_KEEP = 4096  # change-log entries kept: a cache further behind rebuilds
 COMPACT_DEAD = 1024  # dead rows a cache keeps before it compacts (if also half)
+# Bytes of label elements in a record key: with the tail surrogate (<= 67
+# packed), ("s", "v", "e") (9), None (1) and the key and field elements (<= 96
+# each, ``saver/keyspace.k``), a record key stays within LMDB's 511 bytes.
+_NS_BUDGET = 240
 
 # The write transactions that changed vectors, by id (each held, so its id
 # is not reused while it is here): (txn, its first seq, whether it made the
@@ -74,12 +81,18 @@ def numpy() -> Any:
 
 
 def item_prefix(ns: tuple[str, ...], key: str) -> tuple[Any, ...]:
-    return (STORE, VECTORS, _RECORD, *map(k, ns), None, k(key))
+    elements = namespace_elements(ns, _NS_BUDGET)[0]
+    return (STORE, VECTORS, _RECORD, *elements, None, k(key))
 
 
-def namespace_range(ns_prefix: tuple[str, ...]) -> tuple[bytes, bytes]:
-    """The records of every namespace that starts with these labels."""
-    return prefix_range((STORE, VECTORS, _RECORD, *map(k, ns_prefix)))
+def namespace_range(ns_prefix: tuple[str, ...]) -> tuple[bytes, bytes, bool]:
+    """``(start, stop, exact)``: the records of every namespace that starts
+    with these labels. Not exact: the range holds more (the prefix runs past
+    the budget), filter by the records' namespaces."""
+    elements, exact = namespace_elements(ns_prefix, _NS_BUDGET)
+    if not exact:
+        elements = elements[:-1]
+    return (*prefix_range((STORE, VECTORS, _RECORD, *elements)), exact)
 
 
 def log_key(seq: int) -> bytes:
@@ -237,13 +250,18 @@ class Vectors:
         norm = float(self._np.linalg.norm(q))
         return q / norm if norm else q
 
-    def rows(self, txn: Txn, start: bytes, stop: bytes) -> _Rows:
-        """The records in ``[start, stop)``, as unit rows."""
+    def rows(
+        self, txn: Txn, start: bytes, stop: bytes, ns_prefix: tuple[str, ...] | None = None
+    ) -> _Rows:
+        """The records in ``[start, stop)``, as unit rows; those of namespaces
+        that start with ``ns_prefix`` only, if given."""
         ties: list[bytes] = []
         items: list[Item] = []
         blobs: list[bytes] = []
         for rkey, raw in txn.scan(start, stop):
             ns, key, _field, vec = self.decode(raw)
+            if ns_prefix is not None and ns[: len(ns_prefix)] != ns_prefix:
+                continue
             ties.append(rkey)
             items.append((ns, key))
             blobs.append(vec)
@@ -269,7 +287,8 @@ class Vectors:
                 cache, overlay = plan
                 matrix, rows, ties, items = cache.candidates(ns_prefix, overlay)
         if plan is None:  # the matrix cannot stand for txn: read it all
-            every = self.rows(txn, *namespace_range(ns_prefix))
+            start, stop, exact = namespace_range(ns_prefix)
+            every = self.rows(txn, start, stop, None if exact else ns_prefix)
             streams = [_best_first(self._np, dot(every.matrix, q), None, every.ties, every.items)]
         else:  # scored outside the lock: those rows do not change (see _Cache)
             if rows.size * 3 < len(matrix):  # few rows: gather them rather than score all
@@ -324,7 +343,7 @@ class Vectors:
         return cache, overlay
 
     def _built(self, txn: Txn, epoch: bytes | None, seq: int) -> _Cache:
-        return _Cache(self._np, self.dims, epoch, seq, self.rows(txn, *namespace_range(())))
+        return _Cache(self._np, self.dims, epoch, seq, self.rows(txn, *namespace_range(())[:2]))
 
 
 Item = tuple[tuple[str, ...], str]
