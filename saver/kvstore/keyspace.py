@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import ormsgpack
-from kvsaver.kv.keys import pack, prefix_range, unpack
+from kvsaver.kv.keys import INT_ZERO, pack, prefix_range, unpack
 
 from ..keyspace import k
 
@@ -118,24 +118,43 @@ def ns_ids_range() -> tuple[bytes, bytes]:
     return prefix_range((STORE, NS_ID))
 
 
-# Packed tuples concatenate their elements' encodings: the constant head
-# of the item and key keys is packed once.
+# Packed tuples concatenate their elements' encodings: the heads of a
+# namespace's item and key keys are packed once and kept.
 _KEY_HEAD = pack((STORE, KEY))
 _ITEM_HEAD = pack((STORE, ITEM))
+_HEADS: dict[int, tuple[bytes, bytes]] = {}
+_HEADS_MAX = 16384
+
+
+def _heads(ns_id: int) -> tuple[bytes, bytes]:
+    got = _HEADS.get(ns_id)
+    if got is None:
+        el = pack((ns_id,))
+        got = (_KEY_HEAD + el, _ITEM_HEAD + el)
+        if len(_HEADS) >= _HEADS_MAX:
+            _HEADS.clear()
+        _HEADS[ns_id] = got
+    return got
+
+
+def _seq_el(seq: int) -> bytes:
+    """``pack((seq,))`` of a seq >= 0: a size byte, then the big-endian bytes."""
+    n = (seq.bit_length() + 7) // 8
+    return bytes((INT_ZERO + n,)) + seq.to_bytes(n, "big")
 
 
 def key_key(ns_id: int, key: str) -> bytes:
-    return _KEY_HEAD + pack((ns_id, k(key)))
+    return _heads(ns_id)[0] + pack((k(key),))
 
 
 def item_key(ns_id: int, seq: int) -> bytes:
-    return _ITEM_HEAD + pack((ns_id, seq))
+    return _heads(ns_id)[1] + _seq_el(seq)
 
 
 def items_range(ns_id: int) -> tuple[bytes, bytes]:
     """The item keys of a namespace. Its start is as long as an item key
     before the seq's bytes (``item_seq``)."""
-    p = _ITEM_HEAD + pack((ns_id,))
+    p = _heads(ns_id)[1]
     return p + b"\x00", p + b"\xff"
 
 
