@@ -121,6 +121,34 @@ def test_hostile_keys_and_labels_round_trip_and_do_not_collide(store: KVStore) -
     assert store.list_namespaces(prefix=(*deep[:11], "other")) == []
 
 
+def test_list_namespaces_pages_stop_early_only_where_key_order_is_label_order(
+    store: KVStore,
+) -> None:
+    """Pages of list_namespaces over labels whose keys sort as they do (short
+    ones) and labels keyed by surrogates (long ones, a deep namespace), with
+    an emptied and an expired namespace left out."""
+    short = [f"u{i:02d}" for i in range(12)]
+    longs = ["z" * 30, "a" * 30, "m" * 24 + "1", "m" * 24 + "0", "b" * 2000]
+    deep = tuple(f"{i:03d}" + "d" * 60 for i in range(12))
+    names = [("p", a, b) for a in short + longs for b in ("x", "y")] + [("p", *deep), ("q",)]
+    for ns in reversed(names):
+        store.put(ns, "k", {"v": 1})
+    store.delete(("p", "u03", "x"), "k")
+    store.put(("p", "u05", "x"), "k", {"v": 1}, ttl=0.0001)
+    time.sleep(0.05)  # expired
+    live = [ns for ns in names if ns not in {("p", "u03", "x"), ("p", "u05", "x")}]
+    for prefix in [None, ("p",)]:
+        for depth in [None, 1, 2, 3]:
+            listed = sorted(
+                {ns[:depth] for ns in live if ns[: len(prefix or ())] == prefix or not prefix}
+            )
+            for limit, offset in [(1, 0), (3, 0), (5, 4), (7, 20), (100, 0), (2, 40)]:
+                got = store.list_namespaces(
+                    prefix=prefix, max_depth=depth, limit=limit, offset=offset
+                )
+                assert got == listed[offset : offset + limit], (prefix, depth, limit, offset)
+
+
 # -- one directory, two keyspaces ----------------------------------------------------
 
 

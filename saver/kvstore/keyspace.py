@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import ormsgpack
-from kvsaver.kv.keys import pack, prefix_range, unpack
+from kvsaver.kv.keys import INT_ZERO, pack, prefix_range, unpack
 
 from ..keyspace import k
 
@@ -35,7 +35,9 @@ __all__ = [
     "encode_item",
     "expiry_key",
     "expiry_range",
+    "inline",
     "item_key",
+    "item_seq",
     "items_range",
     "key_key",
     "namespace_elements",
@@ -83,6 +85,17 @@ def namespace_elements(labels: Sequence[str], budget: int = _NS_BUDGET) -> tuple
     return out, True
 
 
+def inline(labels: Sequence[str]) -> bool:
+    """Whether a namespace's key holds its labels themselves (no surrogate):
+    such keys sort as their labels do (str elements sort by code point, a
+    shorter tuple before its extensions), and after any key that differs
+    from them first by holding a surrogate there."""
+    if len(labels) <= 4 and all(len(label) <= 23 for label in labels):
+        return True  # 4 labels of <= 23 characters pack to <= 376 bytes
+    elements, exact = namespace_elements(labels)
+    return exact and all(isinstance(el, str) for el in elements)
+
+
 def namespace_key(labels: Sequence[str]) -> bytes:
     return pack((STORE, NS, *namespace_elements(labels)[0]))
 
@@ -106,16 +119,50 @@ def ns_ids_range() -> tuple[bytes, bytes]:
     return prefix_range((STORE, NS_ID))
 
 
+# Packed tuples concatenate their elements' encodings: the heads of a
+# namespace's item and key keys are packed once and kept.
+_KEY_HEAD = pack((STORE, KEY))
+_ITEM_HEAD = pack((STORE, ITEM))
+_HEADS: dict[int, tuple[bytes, bytes]] = {}
+_HEADS_MAX = 16384
+
+
+def _heads(ns_id: int) -> tuple[bytes, bytes]:
+    got = _HEADS.get(ns_id)
+    if got is None:
+        el = pack((ns_id,))
+        got = (_KEY_HEAD + el, _ITEM_HEAD + el)
+        if len(_HEADS) >= _HEADS_MAX:
+            _HEADS.clear()
+        _HEADS[ns_id] = got
+    return got
+
+
+def _seq_el(seq: int) -> bytes:
+    """``pack((seq,))`` of a seq >= 0: a size byte, then the big-endian bytes."""
+    n = (seq.bit_length() + 7) // 8
+    return bytes((INT_ZERO + n,)) + seq.to_bytes(n, "big")
+
+
 def key_key(ns_id: int, key: str) -> bytes:
-    return pack((STORE, KEY, ns_id, k(key)))
+    return _heads(ns_id)[0] + pack((k(key),))
 
 
 def item_key(ns_id: int, seq: int) -> bytes:
-    return pack((STORE, ITEM, ns_id, seq))
+    return _heads(ns_id)[1] + _seq_el(seq)
 
 
 def items_range(ns_id: int) -> tuple[bytes, bytes]:
-    return prefix_range((STORE, ITEM, ns_id))
+    """The item keys of a namespace. Its start is as long as an item key
+    before the seq's bytes (``item_seq``)."""
+    p = _heads(ns_id)[1]
+    return p + b"\x00", p + b"\xff"
+
+
+def item_seq(key: bytes, skip: int) -> int:
+    """The seq of an item key, ``skip`` the length of its ``items_range``
+    start: a seq (>= 1) packs as one size byte then its big-endian bytes."""
+    return int.from_bytes(key[skip:], "big")
 
 
 def item_key_ids(key: bytes) -> tuple[int, int]:

@@ -108,10 +108,19 @@ class Run:
 
     def items(self, ns_id: int) -> Iterator[_Hit]:
         """A namespace's live items in insertion order."""
-        for key, raw in self.txn.scan(*KS.items_range(ns_id)):
+        start, stop = KS.items_range(ns_id)
+        skip = len(start)
+        for key, raw in self.txn.scan(start, stop):
             rec = KS.decode_item(raw)
             if self.live(rec):
-                yield ns_id, unpack(key)[3], rec
+                yield ns_id, KS.item_seq(key, skip), rec
+
+    def nonempty(self, ns_id: int) -> bool:
+        """Whether a namespace holds a live item."""
+        for _, raw in self.txn.scan(*KS.items_range(ns_id)):
+            if self.live(KS.decode_item(raw)):
+                return True
+        return False
 
     # -- reads --------------------------------------------------------------
 
@@ -127,12 +136,13 @@ class Run:
         assert ns_id is not None
         self._returned(ns_id, hit[0], hit[1], op.refresh_ttl)
         rec = hit[1]
+        created = when(rec.created_us)
         return Item(
             value=ormsgpack.unpackb(rec.value),
             key=rec.key,
             namespace=op.namespace,
-            created_at=when(rec.created_us),
-            updated_at=when(rec.updated_us),
+            created_at=created,
+            updated_at=created if rec.updated_us == rec.created_us else when(rec.updated_us),
         )
 
     def search(self, op: SearchOp, query: list[float] | None) -> list[SearchItem]:
@@ -145,13 +155,16 @@ class Run:
         out = []
         for ns_id, seq, rec, value, score in picked:
             self._returned(ns_id, seq, rec, op.refresh_ttl)
+            created = when(rec.created_us)
             out.append(
                 SearchItem(
                     namespace=labels[ns_id],
                     key=rec.key,
                     value=value,
-                    created_at=when(rec.created_us),
-                    updated_at=when(rec.updated_us),
+                    created_at=created,
+                    updated_at=(
+                        created if rec.updated_us == rec.created_us else when(rec.updated_us)
+                    ),
                     score=score,
                 )
             )
@@ -234,15 +247,30 @@ class Run:
         return kept
 
     def list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
+        """The namespace records in key order; while every namespace found so
+        far is keyed by its labels themselves (``KS.inline``), the ones after
+        sort after them too, so the scan stops at ``offset + limit`` found."""
         conditions = op.match_conditions
-        found = set()
-        for ns_id, labels in self.namespaces(CK.literal_prefix(conditions)):
+        prefix = CK.literal_prefix(conditions)
+        start, stop, _ = KS.namespace_prefix_range(prefix)
+        n, depth, want = len(prefix), op.max_depth, op.offset + op.limit
+        found: set[tuple[str, ...]] = set()
+        ordered = True
+        for _, raw in self.txn.scan(start, stop):
+            ns_id, labels = KS.decode_namespace(raw)
+            if labels[:n] != prefix:
+                continue  # past the key budget: another prefix's
+            self.found[labels] = ns_id
             if not CK.namespace_matches(conditions, labels):
                 continue
-            if next(self.items(ns_id), None) is None:
-                continue  # emptied, or only expired items
-            found.add(labels if op.max_depth is None else labels[: op.max_depth])
-        return sorted(found)[op.offset : op.offset + op.limit]
+            got = labels if depth is None else labels[:depth]
+            if got in found or not self.nonempty(ns_id):
+                continue  # counted already; emptied, or only expired items
+            found.add(got)
+            ordered = ordered and KS.inline(labels)
+            if ordered and len(found) >= want:
+                break
+        return sorted(found)[op.offset : want]
 
     # -- writes -------------------------------------------------------------
 

@@ -18,17 +18,19 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from kvsaver.kv.store import FormatVersionError, Store
 from langgraph.store.base import (
     BaseStore,
     GetOp,
     IndexConfig,
+    Item,
     ListNamespacesOp,
     Op,
     PutOp,
     Result,
+    SearchItem,
     SearchOp,
     TTLConfig,
 )
@@ -293,6 +295,49 @@ class KVStore(BaseStore):
             if len(self._ns_ids) + len(run.found) > _CACHE_MAX:
                 self._ns_ids.clear()
             self._ns_ids.update(run.found)
+
+    # -- one op, without a batch's planning -----------------------------------
+
+    def _refresh_default(self, refresh_ttl: bool | None) -> bool:
+        if refresh_ttl is not None:
+            return refresh_ttl
+        return True if self.ttl_config is None else self.ttl_config.get("refresh_on_read", True)
+
+    def get(
+        self, namespace: tuple[str, ...], key: str, *, refresh_ttl: bool | None = None
+    ) -> Item | None:
+        """``BaseStore.get``: the one op checked as ``batch`` checks it, then
+        read in a read transaction of its own."""
+        op = GetOp(CK.labels(namespace), str(key), self._refresh_default(refresh_ttl))
+        now_us = time.time_ns() // 1000
+        with self.store.read() as txn:
+            run = Run(txn, now_us, self._ns_ids, None, write=False)
+            item = run.get(op)
+        self._learn(run)
+        if run.refresh:
+            self._refresh(run.refresh, now_us)
+        return item
+
+    def search(
+        self,
+        namespace_prefix: tuple[str, ...],
+        /,
+        *,
+        query: str | None = None,
+        filter: dict[str, Any] | None = None,
+        limit: int = 10,
+        offset: int = 0,
+        refresh_ttl: bool | None = None,
+    ) -> list[SearchItem]:
+        """``BaseStore.search``: the one op checked as ``batch`` checks it;
+        one that embeds nothing is run without a batch's planning."""
+        op = SearchOp(
+            namespace_prefix, filter, limit, offset, query, self._refresh_default(refresh_ttl)
+        )
+        plan = self._prepare([op])
+        if query is not None and self._vectors is not None:
+            self._embed(plan)
+        return cast("list[SearchItem]", self._execute(plan)[0])
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
         """Run ``ops`` (GetOp, PutOp, SearchOp, ListNamespacesOp) as one
