@@ -979,3 +979,11 @@ def record(
     with open(path, "w") as f:
         json.dump(doc, f, indent=2)
         f.write("\n")
+
+
+def fresh_database(url: str, name: str) -> str:
+    """A fresh database on the server (one of that name dropped first); its URL."""
+    from pg_helpers import create_database, drop_database
+
+    drop_database(url, name)
+    return create_database(url, name)

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for `import _workloads`
+# for `import pg_helpers` (the tests' throwaway PostgreSQL server)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -43,3 +46,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # timeout would cut it short, raising inside whatever call it lands in.
     for item in items:
         item.add_marker(pytest.mark.timeout(1800))
+
+
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str | None]:
+    """A throwaway PostgreSQL server with its default durability, or
+    KVSAVER_BENCH_PG_URL's; None where PostgreSQL is not installed."""
+    url = os.environ.get("KVSAVER_BENCH_PG_URL")
+    if url:
+        yield url
+        return
+    from pg_helpers import PgServer, Unavailable
+
+    try:
+        server = PgServer()
+    except Unavailable:
+        yield None
+        return
+    try:
+        server.start(durable=True)
+        yield server.url
+    finally:
+        server.stop()

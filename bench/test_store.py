@@ -76,6 +76,7 @@ import numpy as np
 import pytest
 from _workloads import (
     ZIPF_WORDS,
+    fresh_database,
     metric_rows,
     paired_rounds,
     pick,
@@ -261,20 +262,13 @@ def _inmemory(size: int) -> tuple[BaseStore, Callable[[], None]]:
     return store, lambda: None
 
 
-def _pg_database(url: str, name: str) -> str:
-    from pg_helpers import create_database, drop_database
-
-    drop_database(url, name)
-    return create_database(url, name)
-
-
 def _postgres(url: str, size: int) -> tuple[BaseStore, Callable[[], None]]:
     import psycopg
     from langgraph.store.postgres import PostgresStore
     from psycopg.rows import dict_row
 
     conn = psycopg.connect(
-        _pg_database(url, f"pgstore_{size}"),
+        fresh_database(url, f"pgstore_{size}"),
         autocommit=True,
         prepare_threshold=0,
         row_factory=dict_row,
@@ -286,31 +280,9 @@ def _postgres(url: str, size: int) -> tuple[BaseStore, Callable[[], None]]:
 
 
 def _kv_postgres(url: str, size: int) -> tuple[BaseStore, Callable[[], None]]:
-    store = KVStore(_pg_database(url, f"kvstore_{size}"), index=INDEX)
+    store = KVStore(fresh_database(url, f"kvstore_{size}"), index=INDEX)
     _fill(store, size)
     return store, store.close
-
-
-@pytest.fixture(scope="module")
-def pg_url() -> Iterator[str | None]:
-    """A throwaway server with PostgreSQL's default durability, or
-    KVSAVER_BENCH_PG_URL's; None where PostgreSQL is not installed."""
-    url = os.environ.get("KVSAVER_BENCH_PG_URL")
-    if url:
-        yield url
-        return
-    from pg_helpers import PgServer, Unavailable
-
-    try:
-        server = PgServer()
-    except Unavailable:
-        yield None
-        return
-    try:
-        server.start(durable=True)
-        yield server.url
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module", params=SIZES, ids=lambda n: _size(n))

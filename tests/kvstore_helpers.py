@@ -242,3 +242,18 @@ def reader(path: str, out: str) -> None:
 
 if __name__ == "__main__":
     globals()[sys.argv[1]](**json.loads(sys.argv[2]))
+
+
+def block_numpy(monkeypatch: Any) -> None:
+    """Make ``import numpy`` fail for the rest of the test, as where it is
+    not installed."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_numpy(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "numpy" or name.startswith("numpy."):
+            raise ImportError("No module named 'numpy'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_numpy)

@@ -20,7 +20,7 @@ from kvsaver.kv import MemoryStore, MissingDependencyError, ReadOnlyError
 from kvsaver.kv.keys import unpack
 from kvsaver.kvstore import keyspace as KS
 from kvsaver.tools.cli import cli
-from kvstore_helpers import STORE_BACKENDS, open_store
+from kvstore_helpers import STORE_BACKENDS, block_numpy, open_store
 from langgraph.store.base import (
     GetOp,
     InvalidNamespaceError,
@@ -392,16 +392,7 @@ def test_option_errors_name_kvstore(tmp_path: Path) -> None:
 
 
 def test_an_index_without_numpy_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    import builtins
-
-    real_import = builtins.__import__
-
-    def no_numpy(name: str, *args: Any, **kwargs: Any) -> Any:
-        if name == "numpy" or name.startswith("numpy."):
-            raise ImportError("No module named 'numpy'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_numpy)
+    block_numpy(monkeypatch)
     with pytest.raises(MissingDependencyError, match=r"pip install 'kvsaver\[vector\]'"):
         KVStore(":memory:", index={"dims": 2, "embed": lambda texts: [[1.0, 0.0]] * len(texts)})
     with KVStore(":memory:") as plain:  # no index: no numpy needed

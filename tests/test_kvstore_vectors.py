@@ -5,7 +5,6 @@ order, on the stores a KVStore runs on."""
 
 from __future__ import annotations
 
-import builtins
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 from kvsaver.kv import LMDBStore, MemoryStore, MissingDependencyError, Store
 from kvsaver.kvstore import vectors as vmod
 from kvsaver.kvstore.vectors import Vectors
+from kvstore_helpers import block_numpy
 from langgraph.store.base import PutOp
 from langgraph.store.memory import InMemoryStore
 
@@ -185,14 +185,7 @@ def test_bad_dims_config() -> None:
 
 
 def test_missing_numpy_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_import = builtins.__import__
-
-    def no_numpy(name: str, *args: Any, **kwargs: Any) -> Any:
-        if name == "numpy" or name.startswith("numpy."):
-            raise ImportError("No module named 'numpy'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_numpy)
+    block_numpy(monkeypatch)
     with pytest.raises(MissingDependencyError, match=r"pip install 'kvsaver\[vector\]'"):
         Vectors(config(Embedder()))  # type: ignore[arg-type]
 
