@@ -6,6 +6,7 @@ order, on the stores a KVStore runs on."""
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from kvsaver.kv import LMDBStore, MemoryStore, MissingDependencyError, Store
+from kvsaver.kv.keys import unpack
 from kvsaver.kvstore import vectors as vmod
 from kvsaver.kvstore.vectors import Vectors
 from kvstore_helpers import block_numpy
@@ -270,7 +272,7 @@ def test_rewrites_and_deletes_replace_vectors(kv: Store) -> None:
     put(kv, vectors, ("n",), "k", None)
     assert ranked(kv, vectors, "two") == []
     with kv.read() as txn:  # nothing left but the counter and the log
-        left = {vmod.unpack_key(key)[2] for key, _ in txn.scan()}
+        left = {unpack(key)[2] for key, _ in txn.scan()}
     assert left == {"n", "l"}
 
 
@@ -375,7 +377,7 @@ def test_log_is_trimmed_and_a_cache_too_far_behind_rebuilds(
         check_all(kv, reader, model, rng)
         assert (reader._cache is before) == (steps <= 8), steps  # replayed, or rebuilt
         with kv.read() as txn:
-            log = [vmod.unpack_key(key)[3] for key, _ in txn.scan(*vmod.log_range(0, 10**9))]
+            log = [unpack(key)[3] for key, _ in txn.scan(*vmod.log_range(0, 10**9))]
             _, seq = vmod.read_counter(txn)
         assert log == list(range(max(1, seq - 7), seq + 1))
 
@@ -661,3 +663,27 @@ def test_a_prefix_past_the_budget_read_from_the_transaction_is_filtered(tmp_path
             deep,
             sibling,
         }
+
+
+def test_a_store_opened_without_its_index_removes_vectors_it_deletes(tmp_path: Path) -> None:
+    """``kvsaver sweep`` and other tools open a KVStore without its index
+    config: the items they delete, sweep or overwrite take their vectors
+    with them (no stale rows for the next indexed search)."""
+    from kvsaver import KVStore
+
+    index = {"dims": 2, "embed": lambda texts: [[1.0, 0.0]] * len(texts), "fields": ["t"]}
+    path = str(tmp_path / "s")
+    with KVStore(path, index=index) as store:  # type: ignore[arg-type]
+        store.put(("a",), "swept", {"t": "x"}, ttl=0.0001)
+        store.put(("a",), "deleted", {"t": "x"})
+        store.put(("a",), "overwritten", {"t": "x"})
+        store.put(("a",), "kept", {"t": "x"})
+        assert len(vector_keys(store)) == 4
+    time.sleep(0.05)
+    with KVStore(path) as plain:
+        assert plain.sweep_ttl() == 1
+        plain.delete(("a",), "deleted")
+        plain.put(("a",), "overwritten", {"t": "y"})
+        assert len(vector_keys(plain)) == 1
+    with KVStore(path, index=index) as store:  # type: ignore[arg-type]
+        assert [i.key for i in store.search(("a",), query="x")][:1] == ["kept"]

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import ormsgpack
 from kvsaver.kv.keys import INT_ZERO, pack, prefix_range, unpack
 
-from ..keyspace import k
+from ..keyspace import _el, k
 
 __all__ = [
     "EXPIRY",
@@ -145,7 +145,7 @@ def _seq_el(seq: int) -> bytes:
 
 
 def key_key(ns_id: int, key: str) -> bytes:
-    return _heads(ns_id)[0] + pack((k(key),))
+    return _heads(ns_id)[0] + _el(key)
 
 
 def item_key(ns_id: int, seq: int) -> bytes:
@@ -163,11 +163,6 @@ def item_seq(key: bytes, skip: int) -> int:
     """The seq of an item key, ``skip`` the length of its ``items_range``
     start: a seq (>= 1) packs as one size byte then its big-endian bytes."""
     return int.from_bytes(key[skip:], "big")
-
-
-def item_key_ids(key: bytes) -> tuple[int, int]:
-    _, _, ns_id, seq = unpack(key)
-    return ns_id, seq
 
 
 def expiry_key(expires_ms: int, ns_id: int, seq: int) -> bytes:

@@ -20,6 +20,7 @@ from langgraph.store.base import GetOp, Item, ListNamespacesOp, SearchItem, Sear
 
 from . import checks as CK
 from . import keyspace as KS
+from .vectors import delete_vectors
 
 if TYPE_CHECKING:
     from .store import Plan, Put
@@ -187,6 +188,9 @@ class Run:
             for _, seq, rec in self.items(ns_id):
                 if vectors is False and rec.vectors:
                     continue
+                if offset and not op.filter:  # skipped unread
+                    offset -= 1
+                    continue
                 value = ormsgpack.unpackb(rec.value)
                 if not CK.matches(value, op.filter):
                     continue
@@ -287,19 +291,14 @@ class Run:
     def _new_seq(self, ns_id: int) -> int:
         seq = self._next_seq.get(ns_id)
         if seq is None:
-            last = next(iter(self.txn.scan(*KS.items_range(ns_id), reverse=True, limit=1)), None)
-            seq = 1 if last is None else unpack(last[0])[3] + 1
+            start, stop = KS.items_range(ns_id)
+            last = next(iter(self.txn.scan(start, stop, reverse=True, limit=1)), None)
+            seq = 1 if last is None else KS.item_seq(last[0], len(start)) + 1
         self._next_seq[ns_id] = seq + 1
         return seq
 
     def remove(self, ns: tuple[str, ...], ns_id: int, seq: int, rec: KS.ItemRecord) -> None:
-        """An item's records, index entries and vectors."""
-        self.txn.delete(KS.item_key(ns_id, seq))
-        self.txn.delete(KS.key_key(ns_id, rec.key))
-        if rec.expires_ms is not None:
-            self.txn.delete(KS.expiry_key(rec.expires_ms, ns_id, seq))
-        if rec.vectors and self.vectors is not None:
-            self.vectors.delete(self.txn, ns, rec.key)
+        remove_item(self.txn, self.vectors, ns, ns_id, seq, rec)
 
     def _store(self, ns_id: int, seq: int, rec: KS.ItemRecord, old: KS.ItemRecord | None) -> None:
         if old is not None and old.expires_ms is not None and old.expires_ms != rec.expires_ms:
@@ -332,13 +331,16 @@ class Run:
         self._store(ns_id, seq, rec, old)
         if self.vectors is not None and (vecs or (old is not None and old.vectors)):
             self.vectors.write(self.txn, p.namespace, p.key, vecs)
+        elif old is not None and old.vectors:  # no index config here: the old ones go
+            delete_vectors(self.txn, p.namespace, p.key)
 
     def refresh_ttls(self, wanted: list[tuple[int, int]]) -> int:
         """Push back the expiry of items read with a TTL (still there, still
         live), unless by less than a hundredth of their TTL."""
         n = 0
-        for ns_id, seq in dict.fromkeys(wanted):
-            raw = self.txn.get(KS.item_key(ns_id, seq))
+        ids = list(dict.fromkeys(wanted))
+        raws = self.txn.get_many([KS.item_key(ns_id, seq) for ns_id, seq in ids])
+        for (ns_id, seq), raw in zip(ids, raws):
             if raw is None:
                 continue
             rec = KS.decode_item(raw)
@@ -370,3 +372,26 @@ class Run:
             for p in plan.puts.values():
                 self.put(p)
         return results
+
+
+def remove_item(
+    txn: Txn,
+    vectors: Vectors | None,
+    ns: tuple[str, ...] | None,
+    ns_id: int,
+    seq: int,
+    rec: KS.ItemRecord,
+) -> None:
+    """An item's records, index entries and vectors (``ns`` None: its
+    labels read from the store where its vectors need them)."""
+    txn.delete(KS.item_key(ns_id, seq))
+    txn.delete(KS.key_key(ns_id, rec.key))
+    if rec.expires_ms is not None:
+        txn.delete(KS.expiry_key(rec.expires_ms, ns_id, seq))
+    if rec.vectors:  # with or without the index config: no stale vectors
+        if ns is None:
+            raw = txn.get(KS.ns_id_key(ns_id))
+            if raw is None:
+                return
+            ns = KS.decode_labels(raw)
+        delete_vectors(txn, ns, rec.key)

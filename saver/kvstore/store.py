@@ -308,7 +308,8 @@ class KVStore(BaseStore):
     ) -> Item | None:
         """``BaseStore.get``: the one op checked as ``batch`` checks it, then
         read in a read transaction of its own."""
-        op = GetOp(CK.labels(namespace), str(key), self._refresh_default(refresh_ttl))
+        _check_key(key)
+        op = GetOp(CK.labels(namespace), key, self._refresh_default(refresh_ttl))
         now_us = time.time_ns() // 1000
         with self.store.read() as txn:
             run = Run(txn, now_us, self._ns_ids, None, write=False)

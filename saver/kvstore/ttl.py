@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from kvsaver.kv.store import Store, Txn
 
 from . import keyspace as KS
+from .ops import remove_item
 
 if TYPE_CHECKING:
     from .vectors import Vectors
@@ -50,12 +51,7 @@ def _sweep_chunk(txn: Txn, vectors: Vectors | None, at: int) -> int:
         rec = KS.decode_item(raw)
         if rec.expires_ms != expires:
             continue  # refreshed since: its own entry is elsewhere in the index
-        txn.delete(KS.item_key(ns_id, seq))
-        txn.delete(KS.key_key(ns_id, rec.key))
-        if rec.vectors and vectors is not None:
-            labels = txn.get(KS.ns_id_key(ns_id))
-            if labels is not None:
-                vectors.delete(txn, KS.decode_labels(labels), rec.key)
+        remove_item(txn, vectors, None, ns_id, seq, rec)
     return n
 
 

@@ -209,29 +209,10 @@ class Vectors:
         nsl = list(ns)
         for rkey, vec, field in records:
             txn.put(rkey, ormsgpack.packb([nsl, key, field, vec]))
-        self._logged(txn, ns, key)
+        _logged(txn, ns, key)
 
     def delete(self, txn: Txn, ns: tuple[str, ...], key: str) -> None:
-        if txn.delete_range(*prefix_range(item_prefix(ns, key))):
-            self._logged(txn, ns, key)
-
-    def _logged(self, txn: Txn, ns: tuple[str, ...], key: str) -> None:
-        """Bumps the counter and logs the item; the entry that falls out of
-        the last ``LOG_KEEP`` goes, so the log stays that long."""
-        epoch, seq = read_counter(txn)
-        created = epoch is None
-        if epoch is None:
-            epoch = os.urandom(8)
-        seq += 1
-        with _PENDING_LOCK:
-            if id(txn) not in _PENDING:
-                _PENDING[id(txn)] = (txn, seq, created)
-                while len(_PENDING) > _PENDING_KEEP:
-                    del _PENDING[next(iter(_PENDING))]
-        txn.put(COUNTER_KEY, ormsgpack.packb([epoch, seq]))
-        txn.put(log_key(seq), ormsgpack.packb([list(ns), key]))
-        if seq > LOG_KEEP:
-            txn.delete(log_key(seq - LOG_KEEP))
+        delete_vectors(txn, ns, key)
 
     # -- search ----------------------------------------------------------------
 
@@ -546,6 +527,28 @@ def _grown(np: Any, arr: np.ndarray, n: int, cap: int) -> np.ndarray:
     return out
 
 
-def unpack_key(key: bytes) -> tuple[Any, ...]:
-    """A key of this sub-keyspace as its tuple (for tests and tools)."""
-    return unpack(key)
+def delete_vectors(txn: Txn, ns: tuple[str, ...], key: str) -> None:
+    """An item's vectors removed (needs no index config, no numpy: a store
+    opened without its index, as ``kvsaver sweep`` opens it, still removes
+    them)."""
+    if txn.delete_range(*prefix_range(item_prefix(ns, key))):
+        _logged(txn, ns, key)
+
+
+def _logged(txn: Txn, ns: tuple[str, ...], key: str) -> None:
+    """Bumps the counter and logs the item; the entry that falls out of
+    the last ``LOG_KEEP`` goes, so the log stays that long."""
+    epoch, seq = read_counter(txn)
+    created = epoch is None
+    if epoch is None:
+        epoch = os.urandom(8)
+    seq += 1
+    with _PENDING_LOCK:
+        if id(txn) not in _PENDING:
+            _PENDING[id(txn)] = (txn, seq, created)
+            while len(_PENDING) > _PENDING_KEEP:
+                del _PENDING[next(iter(_PENDING))]
+    txn.put(COUNTER_KEY, ormsgpack.packb([epoch, seq]))
+    txn.put(log_key(seq), ormsgpack.packb([list(ns), key]))
+    if seq > LOG_KEEP:
+        txn.delete(log_key(seq - LOG_KEEP))
