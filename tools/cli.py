@@ -46,7 +46,7 @@ from .output import emit_json as _emit_json
 from .output import is_messages as _is_messages
 from .output import text as _text
 from .output import when as _when
-from .sources import Entry, Source, ThreadInfo, open_source, strict_serde
+from .sources import Entry, Source, ThreadInfo, open_source, redact, strict_serde
 from .storage import COMMANDS as STORAGE_COMMANDS
 from .store_cli import store_group
 
@@ -90,7 +90,7 @@ def _reading(store: str, encrypted: bool) -> Iterator[Source]:
                 hint = (
                     " (written with EncryptedSerializer: add --encrypted, key in LANGGRAPH_AES_KEY)"
                 )
-            raise Fail(f"cannot decode what {store} holds: {message}{hint}") from None
+            raise Fail(f"cannot decode what {redact(store)} holds: {message}{hint}") from None
 
 
 def _version() -> str:

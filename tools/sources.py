@@ -51,7 +51,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from .cliutil import Fail
 
-__all__ = ["Source", "Unallowed", "open_source", "strict_serde"]
+__all__ = ["Source", "Unallowed", "open_source", "redact", "strict_serde"]
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 URL_SCHEMES = ("postgresql://", "postgres://")
@@ -435,7 +435,7 @@ def open_source(store: str, *, serde: SerializerProtocol | None = None) -> Sourc
     """Open STORE read-only (see the module docstring for what STORE may be)."""
     serde = strict_serde() if serde is None else serde
     if store.startswith(URL_SCHEMES):
-        return KVSource(_open_kv(store, serde, url=True), _redact(store))
+        return KVSource(_open_kv(store, serde, url=True), redact(store))
     if os.path.isdir(store):
         if not os.path.isfile(os.path.join(store, "data.mdb")):
             raise Fail(f"{store} is not a KVSaver store (a directory without data.mdb)")
@@ -453,7 +453,7 @@ def open_source(store: str, *, serde: SerializerProtocol | None = None) -> Sourc
     )
 
 
-def _redact(url: str) -> str:
+def redact(url: str) -> str:
     """The URL without its password, for messages."""
     scheme, _, rest = url.partition("://")
     creds, at, host = rest.rpartition("@")
@@ -471,7 +471,7 @@ def _open_kv(store: str, serde: SerializerProtocol, *, url: bool = False, **kw: 
     try:
         return KVSaver(store, readonly=True, serde=serde, **kw)
     except (KVError, ValueError, OSError) as e:
-        where = _redact(store) if url else store
+        where = redact(store) if url else store
         raise Fail(f"cannot open {where}: {' '.join(str(e).split())}") from None
 
 

@@ -46,7 +46,7 @@ from langgraph.store.base import InvalidNamespaceError, Item, SearchItem
 
 from .cliutil import Fail, Group
 from .output import Out, emit_json, jsonable, text
-from .sources import URL_SCHEMES, _redact
+from .sources import URL_SCHEMES, redact
 
 __all__ = ["format_namespace", "parse_namespace", "store_group"]
 
@@ -116,7 +116,7 @@ def open_kvstore(store: str, index: Any = None) -> Any:
     try:
         return KVStore(store, readonly=True, index=index, **options)
     except (KVError, ValueError, OSError) as e:
-        where = _redact(store) if _is_url(store) else store
+        where = redact(store) if _is_url(store) else store
         raise Fail(f"cannot open {where}: {' '.join(str(e).split())}") from None
 
 
@@ -129,7 +129,7 @@ def _reading(store: str, index: Any = None) -> Iterator[Any]:
     except InvalidNamespaceError as e:
         raise Fail(str(e)) from None
     except (KVError, ValueError, TypeError) as e:
-        raise Fail(f"cannot read {store}: {' '.join(str(e).split())}") from None
+        raise Fail(f"cannot read {redact(store)}: {' '.join(str(e).split())}") from None
     finally:
         kv.close()
 
