@@ -413,3 +413,18 @@ def test_async_methods_share_the_sync_core(store: KVStore) -> None:
 
     asyncio.run(run())
     assert json.dumps(store.get(("a",), "k3").dict())  # type: ignore[union-attr]
+
+
+def test_async_reads_awaiting_their_ttl_refresh_hold_no_lmdb_reader_slot(tmp_path: Path) -> None:
+    """An ended LMDB read transaction keeps its reader slot while anything
+    references it: reads that awaited their TTL refresh while holding their
+    run took a slot each, and a gather of many reads ran out of them (LangGraph's
+    AsyncPostgresStore suite, test_large_batches_async, on LMDB)."""
+    ttl: Any = {"default_ttl": 10, "refresh_on_read": True}
+    with KVStore(str(tmp_path), ttl=ttl, max_readers=8) as store:
+        store.put(("a",), "k", {"v": 1})
+
+        async def run() -> list[Any]:
+            return await asyncio.gather(*(store.aget(("a",), "k") for _ in range(64)))
+
+        assert all(item is not None for item in asyncio.run(run()))

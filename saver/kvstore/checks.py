@@ -164,7 +164,8 @@ def _apply(value: Any, op: str, operand: Any) -> bool:
 
 
 def conditions(given: Any) -> tuple[MatchCondition, ...]:
-    """list_namespaces' match conditions, checked, their paths as tuples."""
+    """list_namespaces' match conditions, checked, their paths as tuples
+    (a str path is one label)."""
     out = []
     for c in given or ():
         if not isinstance(c, tuple) or len(c) != 2:
@@ -176,6 +177,11 @@ def conditions(given: Any) -> tuple[MatchCondition, ...]:
             raise ValueError(
                 f"list_namespaces: match_type must be 'prefix' or 'suffix', got {match_type!r}"
             )
+        if isinstance(path, str):
+            # One label, as LangGraph's PostgresStore suite writes a suffix
+            # ("public"); LangGraph's stores take a str as a path of its
+            # characters, which no namespace of real labels matches.
+            path = (path,)
         out.append(MatchCondition(match_type, labels(path, "a match condition's path")))
     return tuple(out)
 

@@ -356,9 +356,14 @@ class KVStore(BaseStore):
             return await self._run(self._execute, plan)
         now_us = time.time_ns() // 1000
         run = self._read(plan, now_us)
-        if run.refresh:
-            await self._run(self._refresh, run.refresh, now_us)
-        return run.results
+        results, refresh = run.results, run.refresh
+        # Not held across the await: the run holds its ended read transaction,
+        # which keeps an LMDB reader slot while it lives, and thousands of
+        # reads awaiting their refresh took every slot (MDB_READERS_FULL).
+        del run
+        if refresh:
+            await self._run(self._refresh, refresh, now_us)
+        return results
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         loop = asyncio.get_running_loop()
