@@ -428,3 +428,28 @@ def test_async_reads_awaiting_their_ttl_refresh_hold_no_lmdb_reader_slot(tmp_pat
             return await asyncio.gather(*(store.aget(("a",), "k") for _ in range(64)))
 
         assert all(item is not None for item in asyncio.run(run()))
+
+
+def test_a_put_on_postgresql_reads_only_what_it_must(pg_server: Any) -> None:
+    """Round trips of a put of a new item on PostgreSQL (reads answered from
+    the speculation cache cost none): its seq's scan (or, first in a new
+    namespace, the scan for the namespace's id: a new namespace has no items
+    to look up or to number after), the vector counter's read where it has
+    vectors (a new item has none stored to remove first), then the commit."""
+
+    def embed(texts: list[str]) -> list[list[float]]:
+        return [[1.0, float(t.split()[-1]), 0.0, 0.5] for t in texts]
+
+    index = {"dims": 4, "embed": embed, "fields": ["t"]}
+    for options, per_put in (({}, 2), ({"index": index}, 3)):
+        with open_store("postgres", **options) as store:
+            kv = store.store
+            trips = []
+            for i in range(12):
+                before = kv._round_trips  # type: ignore[attr-defined]
+                store.put(("u", f"n{i // 4}"), f"k{i}", {"t": f"text {i}"})
+                trips.append(kv._round_trips - before)  # type: ignore[attr-defined]
+            assert trips == [per_put] * 12, options
+            assert [i.key for i in store.search(("u", "n1"))] == ["k4", "k5", "k6", "k7"]
+            if options:
+                assert store.search(("u",), query="text 5", limit=1)[0].key == "k5"

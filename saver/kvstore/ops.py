@@ -61,6 +61,7 @@ class Run:
         self.refresh: list[tuple[int, int]] = []  # (ns id, seq) read with a TTL to refresh
         self._next_seq: dict[int, int] = {}
         self._next_ns: int | None = None
+        self._made: set[int] = set()  # ids of namespaces this run made: no items yet
         self.results: list[Any] = []  # a read run's (``KVStore._read``)
 
     # -- lookups ------------------------------------------------------------
@@ -286,6 +287,10 @@ class Run:
         self.txn.put(KS.namespace_key(ns), KS.encode_namespace(ns_id, ns))
         self.txn.put(KS.ns_id_key(ns_id), KS.encode_labels(ns))
         self.found[ns] = ns_id
+        # A new id is past every id ever recorded (namespace records are never
+        # deleted), so nothing is keyed by it: its first seq is 1, unread.
+        self._made.add(ns_id)
+        self._next_seq[ns_id] = 1
         return ns_id
 
     def _new_seq(self, ns_id: int) -> int:
@@ -313,7 +318,7 @@ class Run:
             if p.value is None:
                 return
             ns_id = self._new_ns(p.namespace)
-        hit = self.lookup(ns_id, p.key)
+        hit = None if ns_id in self._made else self.lookup(ns_id, p.key)
         if hit is not None and (p.value is None or not self.live(hit[1])):
             self.remove(p.namespace, ns_id, *hit)
             hit = None
@@ -329,9 +334,10 @@ class Run:
         vecs = p.vectors or []
         rec = KS.ItemRecord(p.key, p.value, created, self.now_us, expires, p.ttl, bool(vecs))
         self._store(ns_id, seq, rec, old)
-        if self.vectors is not None and (vecs or (old is not None and old.vectors)):
-            self.vectors.write(self.txn, p.namespace, p.key, vecs)
-        elif old is not None and old.vectors:  # no index config here: the old ones go
+        had = old is not None and old.vectors
+        if self.vectors is not None and (vecs or had):
+            self.vectors.write(self.txn, p.namespace, p.key, vecs, stored=had)
+        elif had:  # no index config here: the old ones go
             delete_vectors(self.txn, p.namespace, p.key)
 
     def refresh_ttls(self, wanted: list[tuple[int, int]]) -> int:

@@ -196,14 +196,18 @@ class Vectors:
         ns: tuple[str, ...],
         key: str,
         vectors: list[tuple[str, list[float]]],
+        stored: bool = True,
     ) -> None:
-        """Replaces the item's vectors with these ([] removes them)."""
+        """Replaces the item's vectors with these ([] removes them);
+        ``stored`` False: the item has none stored (new, or put without),
+        so there are none to remove (on PostgreSQL a range delete is a
+        round trip of its own)."""
         prefix = item_prefix(ns, key)
         records = [
             (pack((*prefix, k(field))), self._vector(vec).tobytes(), field)
             for field, vec in vectors
         ]
-        removed = txn.delete_range(*prefix_range(prefix))
+        removed = txn.delete_range(*prefix_range(prefix)) if stored else 0
         if not removed and not records:
             return
         nsl = list(ns)
