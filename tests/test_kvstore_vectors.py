@@ -186,6 +186,14 @@ def test_bad_dims_config() -> None:
             Vectors({"dims": dims, "embed": Embedder()})  # type: ignore[typeddict-item]
 
 
+def test_a_distance_other_than_cosine_is_refused() -> None:
+    # PostgresStore's index config: its pgvector operator; scores here are cosine.
+    Vectors({"dims": DIMS, "embed": Embedder(), "distance_type": "cosine"})  # type: ignore[typeddict-unknown-key]
+    for distance in ("l2", "inner_product"):
+        with pytest.raises(ValueError, match=f"distance_type '{distance}' is not supported"):
+            Vectors({"dims": DIMS, "embed": Embedder(), "distance_type": distance})  # type: ignore[typeddict-unknown-key]
+
+
 def test_missing_numpy_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     block_numpy(monkeypatch)
     with pytest.raises(MissingDependencyError, match=r"pip install 'kvsaver\[vector\]'"):

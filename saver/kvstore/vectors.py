@@ -123,6 +123,14 @@ class Vectors:
         if not isinstance(dims, int) or isinstance(dims, bool) or dims <= 0:
             raise ValueError(f"index config: dims must be a positive int, not {dims!r}")
         self.dims = dims
+        # PostgresStore's index config names its pgvector operator; the scores
+        # here are cosine similarities only, so another is refused, not ignored.
+        distance = config.get("distance_type", "cosine")  # type: ignore[misc]
+        if distance != "cosine":
+            raise ValueError(
+                f"index config: distance_type {distance!r} is not supported: "
+                "KVStore scores by cosine similarity ('cosine')"
+            )
         self.embeddings = ensure_embeddings(config.get("embed"))
         self.fields: list[tuple[str, str | list[str]]] = [
             (p, p) if p == "$" else (p, tokenize_path(p)) for p in (config.get("fields") or ["$"])
