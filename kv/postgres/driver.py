@@ -121,13 +121,12 @@ def _load(res: Any, conn: Any) -> list[tuple[Any, ...]]:
     binary format a bytea is its bytes), integers big-endian (PostgreSQL's
     binary format); any other type through the connection's own loader
     (``AdaptersMap.get_loader``; none of our statements returns one)."""
-    n, get = res.ntuples, res.get_value
-    types = [res.ftype(c) for c in range(res.nfields)]
-    if types == [_BYTEA, _BYTEA]:  # scans and get_many
+    n, get, nf, ftype = res.ntuples, res.get_value, res.nfields, res.ftype
+    if nf == 2 and ftype(0) == _BYTEA and ftype(1) == _BYTEA:  # scans and get_many
         return [(get(i, 0), get(i, 1)) for i in range(n)]
-    if types == [_BYTEA]:  # get
+    if nf == 1 and ftype(0) == _BYTEA:  # get
         return [(get(i, 0),) for i in range(n)]
-    loads = [_loader(t, conn) for t in types]
+    loads = [_loader(ftype(c), conn) for c in range(nf)]
     return [tuple(f(get(i, c)) for c, f in enumerate(loads)) for i in range(n)]
 
 
@@ -161,7 +160,8 @@ def _wait(fd: int, write: bool, timeout: float | None = None) -> bool:
         return bool(r)
     p = _POLL()
     p.register(fd, _POLLRW if write else _POLLIN)
-    return any(ev & _POLLIN for _, ev in p.poll(None if timeout is None else timeout * 1000))
+    ready = p.poll(None if timeout is None else timeout * 1000)  # one fd: one entry
+    return bool(ready) and bool(ready[0][1] & _POLLIN)
 
 
 _POLL = getattr(select, "poll", None)  # none on Windows: select() there
@@ -191,40 +191,35 @@ def _next_result(pgconn: Any) -> Any:
     return pgconn.get_result()
 
 
-def _statement_result(pgconn: Any) -> Any:
-    """One statement's results read up to their end: its last one (None:
-    none), or the pipeline's Sync. A connection lost after the statement
-    failed ends its results (the failure says why: a restart's notice)."""
+def _round_trip(pgconn: Any, results: list[Any]) -> None:
+    """Flush the pipeline, then append each statement's last result to
+    ``results`` (None: it had none; kept by the caller if the connection
+    breaks) up to the pipeline's Sync. A connection lost after a statement
+    failed ends that statement's results (the failure says why: a restart's
+    notice)."""
+    _flush(pgconn)
     last = None
     failed = False
     while True:
         try:
-            res = _next_result(pgconn)
+            res = _next_result(pgconn) if pgconn.is_busy() else pgconn.get_result()
         except _LIB["OperationalError"]:
             if not failed:
                 raise
-            return last
-        if res is None:
+            res = None
+        if res is None:  # the end of a statement's results
             if last is None and pgconn.status == _BAD:
                 raise _lost(pgconn)  # nothing more will come
-            return last
+            results.append(last)
+            last = None
+            failed = False
+            continue
         status = res.status
         if status == _PIPELINE_SYNC:
-            return res
-        last = res
-        failed = failed or status == _FATAL_ERROR
-
-
-def _round_trip(pgconn: Any, results: list[Any]) -> None:
-    """Flush the pipeline, then append each statement's last result to
-    ``results`` (kept by the caller if the connection breaks) up to the
-    pipeline's Sync."""
-    _flush(pgconn)
-    while True:
-        res = _statement_result(pgconn)
-        if res is not None and res.status == _PIPELINE_SYNC:
             return
-        results.append(res)
+        last = res
+        if status == _FATAL_ERROR:
+            failed = True
 
 
 def _results(pgconn: Any) -> list[Any]:
