@@ -292,17 +292,16 @@ def test_a_write_takes_its_own_result_after_earlier_unread_ones(postgres_url: st
     (CI once saw "too many values to unpack" from a write under two processes
     writing at once; I could not make that race happen on
     demand, so this checks the rule on the connection's real results.)"""
-    from kvsaver.kv.postgres.driver import _own_result
-    from psycopg.generators import execute
+    from kvsaver.kv.postgres.driver import _own_result, _results
 
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         pgconn = conn.pgconn
         pgconn.send_query(b"SELECT 1; SELECT 2")
-        results = conn.wait(execute(pgconn))
+        results = _results(pgconn)
         assert len(results) == 2
         assert _own_result(results, conn).get_value(0, 0) == b"2"
         pgconn.send_query(b"SELECT 1/0; SELECT 2")
-        results = conn.wait(execute(pgconn))
+        results = _results(pgconn)
         with pytest.raises(psycopg.errors.DivisionByZero):
             _own_result([*results, results[-1]], conn)
 
@@ -1124,8 +1123,8 @@ def test_a_pipeline_broken_mid_way_keeps_the_results_that_came(
 
     orig = P._round_trip
 
-    def cut(pgconn: Any, results: list[Any]) -> Any:
-        yield from orig(pgconn, results)
+    def cut(pgconn: Any, results: list[Any]) -> None:
+        orig(pgconn, results)
         del results[2:]  # as if the third had not come
         raise psycopg.OperationalError("server closed the connection unexpectedly")
 
@@ -1857,3 +1856,53 @@ def test_the_migration_retries_a_serialization_conflict_and_counts_once(
             saver.close()
     finally:
         drop_tables(postgres_url, [ref_table])
+
+
+@pytest.mark.parametrize("write", [False, True])
+def test_an_interrupt_while_waiting_for_the_server_discards_the_connection(
+    postgres_url: str, table: str, monkeypatch: pytest.MonkeyPatch, write: bool
+) -> None:
+    """Ctrl-C while a round trip waits for the server's answer (the driver's
+    own wait on the socket): that connection is closed, neither kept for the
+    next transaction nor given back to the pool half-read, and the next
+    transactions work on another one."""
+    from kvsaver.kv.postgres import driver as P
+
+    store = PostgresStore(postgres_url, table=table)
+    try:
+        with store.write() as txn:
+            txn.put(b"k", b"1")
+        with store.read() as txn:  # the read's statements prepared too
+            assert txn.get(b"k") == b"1"
+        closed: list[Any] = []
+        close, wait = psycopg.Connection.close, P._wait
+
+        def closing(self: Any) -> None:
+            closed.append(self)
+            close(self)
+
+        def interrupted(fd: int, writable: bool, timeout: float | None = None) -> bool:
+            if timeout is None:  # a wait for the server, not _ended's look
+                raise KeyboardInterrupt
+            return wait(fd, writable, timeout)
+
+        monkeypatch.setattr(psycopg.Connection, "close", closing)
+        monkeypatch.setattr(P, "_wait", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            if write:
+                with store.write() as txn:
+                    txn.put(b"k", b"2")
+            else:
+                with store.read() as txn:
+                    txn.get(b"k")
+        monkeypatch.setattr(P, "_wait", wait)
+        assert closed and all(c.closed for c in closed)
+        assert not [c for _, c, _ in store._lingering.items if c.closed]
+        with store.read() as txn:  # the write was sent: applied or not, never half
+            assert txn.get(b"k") in ([b"1", b"2"] if write else [b"1"])
+        with store.write() as txn:
+            txn.put(b"k", b"3")
+        with store.read() as txn:
+            assert txn.get(b"k") == b"3"
+    finally:
+        store.close()

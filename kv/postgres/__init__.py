@@ -85,7 +85,11 @@ Space
     rewrites it) returns it to the operating system.
 
 psycopg 3 and psycopg_pool are an optional extra (``pip install
-"kvsaver[postgres]"``), imported when a store is opened.
+"kvsaver[postgres]"``), imported when a store is opened; only their
+documented API is used: the libpq exchange drives psycopg's libpq wrapper
+(``Connection.pgconn``, ``psycopg.pq``) with a loop of its own, not psycopg's
+internals, which change between its releases
+(tests/test_postgres_public_api.py checks the sources).
 
 The package, a module per mechanism, each importing at run time only modules
 listed before it (type hints alone may look back): ``errors`` (the exceptions,

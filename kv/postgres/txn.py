@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 from ..store import KeyTooLongError, KVError, ReadOnlyError, ScanArgs, StoreClosedError
 from .cache import _inside
 from .driver import (
-    _LIB,
     _TUPLES_OK,
     _ended,
     _error,
     _exchange,
     _own_result,
     _prepared_names,
+    _results,
     _Rows,
 )
 from .errors import (
@@ -146,6 +146,11 @@ class _PGTxn:
                         self._pre_rollback = True
                         continue
                 self._fail(e, "statement")
+            except BaseException:
+                # Interrupted (Ctrl-C) mid-round-trip: the connection is
+                # discarded, never kept for the next transaction half-read.
+                self.lost = True
+                raise
         self._begun = True
         self._pre_rollback = False
         self.may_resend = False
@@ -429,10 +434,13 @@ class _PGTxn:
         stmt = self._q.write_all
         conn = self._conn
         pgconn = conn.pgconn
-        with conn.lock:
+        try:
             # our arrays: bytes already, sent as they are (binary)
             pgconn.send_query_prepared(stmt.name, params, (1,) * len(params), 0)
-            results = conn.wait(_LIB["execute"](pgconn))
+            results = _results(pgconn)
+        except BaseException:
+            conn.close()  # lost, or interrupted (Ctrl-C): never left half-read
+            raise
         res = results[0] if len(results) == 1 else _own_result(results, conn)
         if res.status == _TUPLES_OK:
             return [(int(res.get_value(0, 0) or b"0"),)]
