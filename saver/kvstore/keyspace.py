@@ -107,15 +107,25 @@ def namespace_key(labels: Sequence[str]) -> bytes:
     return pack((STORE, NS, *namespace_elements(labels)[0]))
 
 
-def namespace_prefix_range(prefix: Sequence[str]) -> tuple[bytes, bytes, bool]:
+_RANGES: dict[tuple[str, ...], tuple[bytes, bytes, bool]] = {}
+
+
+def namespace_prefix_range(prefix: tuple[str, ...]) -> tuple[bytes, bytes, bool]:
     """``(start, stop, exact)``: the namespace keys of ``prefix`` and every
     namespace under it (start inclusive). Not exact: the range holds more
-    (the prefix runs past the key budget), filter by the records' labels."""
-    elements, exact = namespace_elements(prefix)
-    if not exact:
-        elements = elements[:-1]
-    p = pack((STORE, NS, *elements))
-    return p, p + b"\xff", exact
+    (the prefix runs past the key budget), filter by the records' labels.
+    Kept for the prefixes searched lately (a search packs it otherwise)."""
+    got = _RANGES.get(prefix)
+    if got is None:
+        elements, exact = namespace_elements(prefix)
+        if not exact:
+            elements = elements[:-1]
+        p = pack((STORE, NS, *elements))
+        got = (p, p + b"\xff", exact)
+        if len(_RANGES) >= _HEADS_MAX:
+            _RANGES.clear()
+        _RANGES[prefix] = got
+    return got
 
 
 def ns_id_key(ns_id: int) -> bytes:

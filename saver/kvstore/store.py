@@ -321,11 +321,12 @@ class KVStore(BaseStore):
         """``BaseStore.get``: the one op checked as ``batch`` checks it, then
         read in a read transaction of its own."""
         _check_key(key)
-        op = GetOp(CK.labels(namespace), key, self._refresh_default(refresh_ttl))
+        namespace = CK.labels(namespace)
+        refresh = self._refresh_default(refresh_ttl)
         now_us = time.time_ns() // 1000
         with self.store.read() as txn:
             run = Run(txn, now_us, self._ns_ids, None, write=False)
-            item = run.get(op)
+            item = run.get(namespace, key, refresh)
         self._learn(run)
         if run.refresh:
             self._refresh(run.refresh, now_us)
