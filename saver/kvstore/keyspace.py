@@ -97,7 +97,7 @@ def inline(labels: Sequence[str]) -> bool:
     such keys sort as their labels do (str elements sort by code point, a
     shorter tuple before its extensions), and after any key that differs
     from them first by holding a surrogate there."""
-    if len(labels) <= 4 and all(len(label) <= 23 for label in labels):
+    if len(labels) <= 4 and max(map(len, labels), default=0) <= 23:
         return True  # 4 labels of <= 23 characters pack to <= 376 bytes
     elements, exact = namespace_elements(labels)
     return exact and all(isinstance(el, str) for el in elements)

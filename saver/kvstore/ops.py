@@ -301,29 +301,59 @@ class Run:
         return kept
 
     def list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
-        """The namespace records in key order; while every namespace found so
-        far is keyed by its labels themselves (``KS.inline``), the ones after
-        sort after them too, so the scan stops at ``offset + limit`` found."""
+        """The namespace records in key order, a chunk at a time; while every
+        namespace found so far is keyed by its labels themselves
+        (``KS.inline``), the ones after sort after them too, so the scan
+        stops at ``offset + limit`` found. A namespace where no TTL was ever
+        put holds a live item if its first item is still there: those of a
+        chunk are looked up in one read, the others scanned."""
         conditions = op.match_conditions
         prefix = CK.literal_prefix(conditions)
         start, stop, _ = KS.namespace_prefix_range(prefix)
         n, depth, want = len(prefix), op.max_depth, op.offset + op.limit
+        # prefix conditions without a wildcard that the range meets: met
+        rest = [
+            c
+            for c in conditions
+            if not (
+                c.match_type == "prefix" and "*" not in c.path and prefix[: len(c.path)] == c.path
+            )
+        ]
         found: set[tuple[str, ...]] = set()
         ordered = True
-        for _, raw in self.txn.scan(start, stop):
-            ns_id, labels, ttl = KS.decode_namespace(raw)
-            if labels[:n] != prefix:
-                continue  # past the key budget: another prefix's
-            self.found[labels] = ns_id
-            if conditions and not CK.namespace_matches(conditions, labels):
-                continue
-            got = labels if depth is None else labels[:depth]
-            if got in found or not self.nonempty(ns_id, ttl):
-                continue  # counted already; emptied, or only expired items
-            found.add(got)
-            ordered = ordered and KS.inline(labels)
-            if ordered and len(found) >= want:
+        records = self.txn.scan(start, stop)
+        size = min(max(want, 16), _CHUNK)
+        while True:
+            read = 0
+            chunk: list[tuple[tuple[str, ...], KS.NamespaceRecord]] = []
+            for _, raw in itertools.islice(records, size):
+                read += 1
+                rec = KS.decode_namespace(raw)
+                labels = rec.labels
+                if labels[:n] != prefix:
+                    continue  # past the key budget: another prefix's
+                self.found[labels] = rec.ns_id
+                if rest and not CK.namespace_matches(rest, labels):
+                    continue
+                chunk.append((labels if depth is None else labels[:depth], rec))
+            if not read:
                 break
+            asked: dict[tuple[str, ...], int] = {}  # got -> the ns id whose first item is read
+            for got, rec in chunk:
+                if not rec.ttl and got not in found and got not in asked:
+                    asked[got] = rec.ns_id
+            ids = list(asked.values())
+            firsts = dict(zip(ids, self.txn.get_many([KS.order_key(i, 1) for i in ids])))
+            for got, rec in chunk:
+                if got in found:
+                    continue  # counted already
+                if firsts.get(rec.ns_id) is None and not self.nonempty(rec.ns_id, rec.ttl):
+                    continue  # emptied, or only expired items
+                found.add(got)
+                ordered = ordered and KS.inline(rec.labels)
+                if ordered and len(found) >= want:
+                    return sorted(found)[op.offset : want]
+            size = min(2 * size, _CHUNK)
         return sorted(found)[op.offset : want]
 
     # -- writes -------------------------------------------------------------
