@@ -15,6 +15,7 @@ trip on PostgreSQL).
 from __future__ import annotations
 
 import itertools
+import operator
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,9 @@ _CHUNK = 256  # the most order entries whose records one get_many reads
 # stable sort returns equal scores): one vector stored twice can score a few
 # float32 ulps apart, by where its rows sit in the matrix.
 _TIE = 1e-6
+
+
+_value = operator.itemgetter(1)
 
 
 def when(us: int) -> datetime:
@@ -135,15 +139,14 @@ class Run:
 
     def entries(self, ns_id: int) -> Iterator[bytes]:
         """The key elements of a namespace's items, in insertion order."""
-        for _, el in self.txn.scan(*KS.order_range(ns_id)):
-            yield el
+        return map(_value, self.txn.scan(*KS.order_range(ns_id)))
 
     def items(self, ns_id: int, entries: Iterator[bytes], first: int = _CHUNK) -> Iterator[_Hit]:
         """The live items of ``entries`` (of namespace ``ns_id``), in their
         order, their records read ``first`` at first, then twice as many at
         each chunk up to ``_CHUNK``: a search that stops early reads few
         more than it returns, a long one in few round trips."""
-        get_many, head = self.txn.get_many, KS.item_key(ns_id, b"")
+        get_many, head, now_ms = self.txn.get_many, KS.item_key(ns_id, b""), self.now_ms
         n = max(first, 1)
         while True:
             chunk = list(itertools.islice(entries, n))
@@ -153,7 +156,7 @@ class Run:
                 if raw is None:
                     continue  # an order entry without its record: none is written so
                 rec = KS.decode_item(raw)
-                if self.live(rec):
+                if rec.expires_ms is None or rec.expires_ms > now_ms:  # live
                     yield ns_id, el, rec
             n = min(2 * n, _CHUNK)
 
