@@ -176,7 +176,9 @@ class Run:
     def get(self, namespace: tuple[str, ...], key: str, refresh_ttl: bool) -> Item | None:
         """A ``GetOp``'s item (its fields passed: a lone get makes no op)."""
         ns_id = self.ns_id(namespace)
-        hit = None if ns_id is None else self.lookup(ns_id, key)
+        if ns_id is None:
+            return None
+        hit = self.lookup(ns_id, key)
         if hit is None:
             return None
         el, rec = hit
@@ -317,7 +319,7 @@ class Run:
         # prefix conditions without a wildcard that the range meets: met
         rest = [
             c
-            for c in conditions
+            for c in conditions or ()
             if not (
                 c.match_type == "prefix" and "*" not in c.path and prefix[: len(c.path)] == c.path
             )
