@@ -34,19 +34,28 @@ schema      ("meta", "schema")                               {"format": FORMAT_V
                                                              "upgrades": [...]}
 sweep       ("meta", "sweep")                                {"started": ms,
                                                              "completed": ms, "full": bool}
-store       ("s", "schema")                                  {"format": 1}: KVStore's
+store       ("s", "schema")                               {"format": 2}: KVStore's
 schema                                                       items (``kvstore/``)
-namespace   ("s", "n", *labels)                              [ns id, [labels]]: a
-                                                             KVStore namespace
-                                                             (``kvstore/keyspace.py``)
+namespace   ("s", "n", *labels)                              [ns id, [labels], ttl]:
+                                                             a KVStore namespace
+                                                             (``kvstore/keyspace.py``;
+                                                             ttl: an item of it was
+                                                             ever put with a TTL)
 ns id       ("s", "N", ns id)                                [labels]
-item key    ("s", "k", ns id, key)                           seq: where the item is
-item        ("s", "i", ns id, seq)                           [key, value (msgpack),
-                                                             created us, updated us,
-                                                             expires ms, ttl minutes,
-                                                             has vectors]
-expiry      ("s", "x", expires ms, ns id, seq)               b"": items by expiry
-                                                             (the TTL sweep's index)
+item        ("s", "i", ns id, key)                           [key, seq, value
+                                                             (msgpack), created us,
+                                                             updated us, expires ms,
+                                                             ttl minutes, has
+                                                             vectors]: a get is one
+                                                             lookup
+order       ("s", "o", ns id, seq)                           the key element (packed)
+                                                             of the item whose seq it
+                                                             is: a namespace's items
+                                                             in insertion order
+expiry      ("s", "x", expires ms, ns id, seq)               the item's key element
+                                                             (packed): items by
+                                                             expiry (the TTL sweep's
+                                                             index)
 vector      ("s", "v", "e", *namespace, None, key, field)    [namespace, key, field,
                                                              float32 bytes]: a
                                                              KVStore item's vector
@@ -75,7 +84,10 @@ items under ``("s", ...)``, which no KVSaver key starts with: a KVSaver and a
 KVStore on one directory never see each other's keys (KVSaver's schema check
 and ``stats`` step over the store keyspace). A namespace gets an id the
 first time it holds an item and keeps it; seq counts up per namespace at each
-new key, so a scan returns items in insertion order, as InMemoryStore does.
+new key, so a scan of the order entries returns items in insertion order, as
+InMemoryStore does. KVStore's format (its own, in ``("s", "schema")``) is 2;
+format 1 (``("s", "k", ns id, key)`` -> seq, ``("s", "i", ns id, seq)`` ->
+record) was never released and is refused.
 Labels and keys use the short-key rule below; a namespace whose labels take
 more than ``kvstore.keyspace._NS_BUDGET`` bytes keeps its first labels and a
 33-byte surrogate (``0xFF`` + SHA-256) of the rest.

@@ -136,9 +136,10 @@ def open_store(backend: str, **options: Any) -> Iterator[KVStore]:
 
 
 def problems(store: KVStore) -> list[str]:
-    """What is inconsistent among the store's records: every key entry names
-    its item and every item its key entry, expiry entries and items agree,
-    namespaces have both records (a torn write would break one of these)."""
+    """What is inconsistent among the store's records: every order entry names
+    its item and every item its order entry, expiry entries and items agree,
+    namespaces have both records, a namespace with an item put with a TTL
+    says so (a torn write would break one of these)."""
     from kvsaver.kv.keys import unpack
     from kvsaver.kvstore import keyspace as KS
 
@@ -146,39 +147,47 @@ def problems(store: KVStore) -> list[str]:
     with store.store.read() as txn:
         lo, hi = KS.store_range()
         rows = {k: v for k, v in txn.scan(lo, hi)}
-    items: dict[tuple[int, int], KS.ItemRecord] = {}
-    keys: dict[tuple[int, Any], int] = {}
+    items: dict[tuple[int, bytes], KS.ItemRecord] = {}
+    order: dict[tuple[int, int], bytes] = {}
     spaces: dict[int, tuple[str, ...]] = {}
+    ttl: dict[int, bool] = {}
     ids: dict[int, tuple[str, ...]] = {}
-    expiries = set()
+    expiries: dict[tuple[int, int, int], bytes] = {}
     for k, v in rows.items():
         t = unpack(k)
         if t[1] == KS.ITEM:
-            items[(t[2], t[3])] = KS.decode_item(v)
-        elif t[1] == KS.KEY:
-            keys[(t[2], t[3])] = KS.decode_seq(v)
+            el = k[len(KS.item_key(t[2], b"")) :]
+            items[(t[2], el)] = KS.decode_item(v)
+        elif t[1] == KS.ORDER:
+            order[(t[2], t[3])] = v
         elif t[1] == KS.NS:
-            ns_id, labels = KS.decode_namespace(v)
-            spaces[ns_id] = labels
+            rec = KS.decode_namespace(v)
+            spaces[rec.ns_id] = rec.labels
+            ttl[rec.ns_id] = rec.ttl
         elif t[1] == KS.NS_ID:
             ids[t[2]] = KS.decode_labels(v)
         elif t[1] == KS.EXPIRY:
-            expiries.add(KS.expiry_ids(k))
+            expiries[KS.expiry_ids(k)] = v
     if spaces != ids:
         out.append(f"namespace records disagree: {spaces} vs {ids}")
-    for (ns_id, seq), rec in items.items():
+    for (ns_id, el), rec in items.items():
         if ns_id not in ids:
-            out.append(f"item {seq} of an unknown namespace {ns_id}")
-        if keys.get((ns_id, KS.k(rec.key))) != seq:
-            out.append(f"item {rec.key!r} of {ns_id} has no key entry")
-        if rec.expires_ms is not None and (rec.expires_ms, ns_id, seq) not in expiries:
+            out.append(f"item {rec.key!r} of an unknown namespace {ns_id}")
+        if el != KS.key_element(rec.key):
+            out.append(f"item {rec.key!r} of {ns_id} under another key {el!r}")
+        if order.get((ns_id, rec.seq)) != el:
+            out.append(f"item {rec.key!r} of {ns_id} has no order entry")
+        if rec.expires_ms is not None and expiries.get((rec.expires_ms, ns_id, rec.seq)) != el:
             out.append(f"item {rec.key!r} of {ns_id} has no expiry entry")
-    for (ns_id, _), seq in keys.items():
-        if (ns_id, seq) not in items:
-            out.append(f"key entry {ns_id}/{seq} without its item")
-    for expires, ns_id, seq in expiries:
-        rec = items.get((ns_id, seq))
-        if rec is None or rec.expires_ms != expires:
+        if rec.ttl is not None and not ttl.get(ns_id):
+            out.append(f"item {rec.key!r} of {ns_id} has a TTL, its namespace's ttl is unset")
+    for (ns_id, seq), el in order.items():
+        rec = items.get((ns_id, el))
+        if rec is None or rec.seq != seq:
+            out.append(f"order entry {ns_id}/{seq} without its item")
+    for (expires, ns_id, seq), el in expiries.items():
+        rec = items.get((ns_id, el))
+        if rec is None or rec.expires_ms != expires or rec.seq != seq:
             out.append(f"expiry entry {expires}/{ns_id}/{seq} without its item")
     return out
 

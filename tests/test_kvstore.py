@@ -13,14 +13,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import ormsgpack
 import pytest
 from click.testing import CliRunner
 from kvsaver import KVSaver, KVStore, OptionError, Retention
-from kvsaver.kv import MemoryStore, MissingDependencyError, ReadOnlyError
+from kvsaver.kv import FormatVersionError, MemoryStore, MissingDependencyError, ReadOnlyError
 from kvsaver.kv.keys import unpack
 from kvsaver.kvstore import keyspace as KS
 from kvsaver.tools.cli import cli
-from kvstore_helpers import STORE_BACKENDS, block_numpy, open_store
+from kvstore_helpers import STORE_BACKENDS, block_numpy, open_store, problems
 from langgraph.store.base import (
     GetOp,
     InvalidNamespaceError,
@@ -453,3 +454,41 @@ def test_a_put_on_postgresql_reads_only_what_it_must(pg_server: Any) -> None:
             assert [i.key for i in store.search(("u", "n1"))] == ["k4", "k5", "k6", "k7"]
             if options:
                 assert store.search(("u",), query="text 5", limit=1)[0].key == "k5"
+
+
+def test_a_store_of_the_unreleased_format_1_is_refused(tmp_path: Path) -> None:
+    """Format 1 (a get was two lookups) was never released: a store of it is
+    refused with a clear error, never read with format 2's layout."""
+    with KVStore(tmp_path / "s") as store:
+        store.put(("a",), "k", {"v": 1})
+        store.store.transact(lambda txn: txn.put(KS.SCHEMA_KEY, ormsgpack.packb({"format": 1})))
+    with pytest.raises(FormatVersionError, match="format 1, a development format"):
+        KVStore(tmp_path / "s")
+
+
+def test_a_namespace_says_once_an_item_of_it_had_a_ttl(tmp_path: Path) -> None:
+    """The namespace record's ttl is set by the first put with a TTL (in a
+    new namespace or an old one) and stays; list_namespaces and an offset
+    search read items' records only where it is set."""
+    with KVStore(tmp_path / "s") as store:
+        store.put(("plain",), "a", {"v": 1})
+        store.put(("later",), "a", {"v": 1})
+        store.put(("later",), "b", {"v": 2}, ttl=0.2 / 60)
+        store.put(("new",), "a", {"v": 1}, ttl=0.2 / 60)
+        with store.store.read() as txn:
+            flags = {
+                rec.labels: rec.ttl
+                for rec in (
+                    KS.decode_namespace(v) for _, v in txn.scan(*KS.namespace_prefix_range(())[:2])
+                )
+            }
+        assert flags == {("plain",): False, ("later",): True, ("new",): True}
+        assert problems(store) == []
+        time.sleep(0.3)
+        assert store.list_namespaces() == [("later",), ("plain",)]
+        assert [i.key for i in store.search(("later",), offset=0)] == ["a"]
+        store.put(("later",), "c", {"v": 3})
+        assert [i.key for i in store.search(("later",), offset=1)] == ["c"]
+        store.delete(("plain",), "a")
+        assert store.list_namespaces() == [("later",)]
+        assert problems(store) == []

@@ -25,11 +25,19 @@ __all__ = [
 OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"})
 
 
+_CHECKED: set[tuple[str, ...]] = set()  # namespaces found good lately (tuples of str)
+_CHECKED_MAX = 16384
+
+
 def labels(namespace: Any, what: str = "namespace") -> tuple[str, ...]:
     """A namespace as a tuple (a list is taken, as LangGraph's stores take
     it), by the rules of LangGraph's ``_validate_namespace_labels``:
     non-empty strings without "." or NUL ("*" allowed: a wildcard in a
     match path)."""
+    # A tuple equal to a good one holds the same strs (a str subclass's
+    # equal instance too: same text, same verdict); every read checks one.
+    if type(namespace) is tuple and namespace in _CHECKED:
+        return namespace
     if isinstance(namespace, (str, bytes)) or not isinstance(namespace, (tuple, list)):
         raise InvalidNamespaceError(
             f"{what} must be a tuple of strings, got {type(namespace).__name__}: {namespace!r}"
@@ -55,6 +63,9 @@ def labels(namespace: Any, what: str = "namespace") -> tuple[str, ...]:
             raise InvalidNamespaceError(
                 f"Namespace labels cannot be empty strings. Got {label!r} in {namespace!r}"
             )
+    if len(_CHECKED) >= _CHECKED_MAX:
+        _CHECKED.clear()
+    _CHECKED.add(namespace)
     return namespace
 
 

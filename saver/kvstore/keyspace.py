@@ -2,13 +2,15 @@
 out under the store keyspace ``("s", ...)``, which KVSaver never uses.
 
 A namespace gets an id (an int, in order of creation) the first time it
-holds an item, and keeps it: items are keyed by ``(namespace id, seq)``, seq
-counting up within the namespace at each new key, so a scan returns a
-namespace's items in insertion order and namespaces in creation order, as
-InMemoryStore returns them. Labels and keys longer than a key holds become
-the saver's surrogates (``saver/keyspace.k``); a namespace whose labels take
-more than ``_NS_BUDGET`` bytes keeps its first labels and one surrogate of
-the rest. Records hold the full strings.
+holds an item, and keeps it. An item's record is keyed by ``(namespace id,
+key)``, so a get is one lookup; its seq (counting up within the namespace at
+each new key) keys its entry in the namespace's order index, which holds the
+record's key element, so a scan of the index returns a namespace's items in
+insertion order, and namespaces come in creation order, as InMemoryStore
+returns them. Labels and keys longer than a key holds become the saver's
+surrogates (``saver/keyspace.k``); a namespace whose labels take more than
+``_NS_BUDGET`` bytes keeps its first labels and one surrogate of the rest.
+Records hold the full strings.
 """
 
 from __future__ import annotations
@@ -25,37 +27,42 @@ from ..keyspace import _el, k
 __all__ = [
     "EXPIRY",
     "ITEM",
-    "KEY",
     "NS",
     "NS_ID",
+    "ORDER",
     "SCHEMA_KEY",
     "STORE",
     "ItemRecord",
+    "NamespaceRecord",
     "decode_item",
     "encode_item",
     "expiry_key",
     "expiry_range",
     "inline",
     "item_key",
-    "item_seq",
     "items_range",
-    "key_key",
+    "key_element",
     "namespace_elements",
     "namespace_key",
     "namespace_prefix_range",
     "ns_id_key",
     "ns_ids_range",
+    "order_key",
+    "order_range",
+    "order_seq",
     "store_range",
 ]
 
 STORE = "s"  # the first element of every KVStore key
 SCHEMA_KEY = pack((STORE, "schema"))
-NS = "n"  # ("s", "n", *label elements) -> [ns id, [labels]]
+NS = "n"  # ("s", "n", *label elements) -> [ns id, [labels], ttl]
 NS_ID = "N"  # ("s", "N", ns id) -> [labels]
-KEY = "k"  # ("s", "k", ns id, key element) -> seq
-ITEM = "i"  # ("s", "i", ns id, seq) -> ItemRecord
-EXPIRY = "x"  # ("s", "x", expires ms, ns id, seq) -> b""
-FORMAT = 1
+ITEM = "i"  # ("s", "i", ns id, key element) -> ItemRecord
+ORDER = "o"  # ("s", "o", ns id, seq) -> the item's key element (packed)
+EXPIRY = "x"  # ("s", "x", expires ms, ns id, seq) -> the item's key element (packed)
+# 1: ("s", "k", ns id, key) -> seq and ("s", "i", ns id, seq) -> record, a get
+# two lookups; never released, so no upgrade: such a store is refused.
+FORMAT = 2
 
 _NS_BUDGET = 400  # bytes of label elements in a namespace key (LMDB keys: 511)
 
@@ -90,7 +97,7 @@ def inline(labels: Sequence[str]) -> bool:
     such keys sort as their labels do (str elements sort by code point, a
     shorter tuple before its extensions), and after any key that differs
     from them first by holding a surrogate there."""
-    if len(labels) <= 4 and all(len(label) <= 23 for label in labels):
+    if len(labels) <= 4 and max(map(len, labels), default=0) <= 23:
         return True  # 4 labels of <= 23 characters pack to <= 376 bytes
     elements, exact = namespace_elements(labels)
     return exact and all(isinstance(el, str) for el in elements)
@@ -100,15 +107,25 @@ def namespace_key(labels: Sequence[str]) -> bytes:
     return pack((STORE, NS, *namespace_elements(labels)[0]))
 
 
-def namespace_prefix_range(prefix: Sequence[str]) -> tuple[bytes, bytes, bool]:
+_RANGES: dict[tuple[str, ...], tuple[bytes, bytes, bool]] = {}
+
+
+def namespace_prefix_range(prefix: tuple[str, ...]) -> tuple[bytes, bytes, bool]:
     """``(start, stop, exact)``: the namespace keys of ``prefix`` and every
     namespace under it (start inclusive). Not exact: the range holds more
-    (the prefix runs past the key budget), filter by the records' labels."""
-    elements, exact = namespace_elements(prefix)
-    if not exact:
-        elements = elements[:-1]
-    p = pack((STORE, NS, *elements))
-    return p, p + b"\xff", exact
+    (the prefix runs past the key budget), filter by the records' labels.
+    Kept for the prefixes searched lately (a search packs it otherwise)."""
+    got = _RANGES.get(prefix)
+    if got is None:
+        elements, exact = namespace_elements(prefix)
+        if not exact:
+            elements = elements[:-1]
+        p = pack((STORE, NS, *elements))
+        got = (p, p + b"\xff", exact)
+        if len(_RANGES) >= _HEADS_MAX:
+            _RANGES.clear()
+        _RANGES[prefix] = got
+    return got
 
 
 def ns_id_key(ns_id: int) -> bytes:
@@ -120,8 +137,8 @@ def ns_ids_range() -> tuple[bytes, bytes]:
 
 
 # Packed tuples concatenate their elements' encodings: the heads of a
-# namespace's item and key keys are packed once and kept.
-_KEY_HEAD = pack((STORE, KEY))
+# namespace's order and item keys are packed once and kept.
+_ORDER_HEAD = pack((STORE, ORDER))
 _ITEM_HEAD = pack((STORE, ITEM))
 _HEADS: dict[int, tuple[bytes, bytes]] = {}
 _HEADS_MAX = 16384
@@ -131,7 +148,7 @@ def _heads(ns_id: int) -> tuple[bytes, bytes]:
     got = _HEADS.get(ns_id)
     if got is None:
         el = pack((ns_id,))
-        got = (_KEY_HEAD + el, _ITEM_HEAD + el)
+        got = (_ORDER_HEAD + el, _ITEM_HEAD + el)
         if len(_HEADS) >= _HEADS_MAX:
             _HEADS.clear()
         _HEADS[ns_id] = got
@@ -144,23 +161,36 @@ def _seq_el(seq: int) -> bytes:
     return bytes((INT_ZERO + n,)) + seq.to_bytes(n, "big")
 
 
-def key_key(ns_id: int, key: str) -> bytes:
-    return _heads(ns_id)[0] + _el(key)
+def key_element(key: str) -> bytes:
+    """An item key's packed element: what follows the namespace in its
+    record's key, and what its order and expiry entries hold."""
+    return _el(key)
 
 
-def item_key(ns_id: int, seq: int) -> bytes:
-    return _heads(ns_id)[1] + _seq_el(seq)
+def item_key(ns_id: int, el: bytes) -> bytes:
+    """The key of an item's record, ``el`` its ``key_element``."""
+    return _heads(ns_id)[1] + el
 
 
 def items_range(ns_id: int) -> tuple[bytes, bytes]:
-    """The item keys of a namespace. Its start is as long as an item key
-    before the seq's bytes (``item_seq``)."""
+    """The records of a namespace's items, in key order."""
     p = _heads(ns_id)[1]
     return p + b"\x00", p + b"\xff"
 
 
-def item_seq(key: bytes, skip: int) -> int:
-    """The seq of an item key, ``skip`` the length of its ``items_range``
+def order_key(ns_id: int, seq: int) -> bytes:
+    return _heads(ns_id)[0] + _seq_el(seq)
+
+
+def order_range(ns_id: int) -> tuple[bytes, bytes]:
+    """A namespace's order entries, in insertion order. Its start is as long
+    as an order key before the seq's bytes (``order_seq``)."""
+    p = _heads(ns_id)[0]
+    return p + b"\x00", p + b"\xff"
+
+
+def order_seq(key: bytes, skip: int) -> int:
+    """The seq of an order key, ``skip`` the length of its ``order_range``
     start: a seq (>= 1) packs as one size byte then its big-endian bytes."""
     return int.from_bytes(key[skip:], "big")
 
@@ -185,6 +215,7 @@ def expiry_ids(key: bytes) -> tuple[int, int, int]:
 
 class ItemRecord(NamedTuple):
     key: str
+    seq: int  # its order entry's
     value: bytes  # the value dict, msgpack
     created_us: int
     updated_us: int
@@ -201,13 +232,21 @@ def decode_item(raw: bytes) -> ItemRecord:
     return ItemRecord(*ormsgpack.unpackb(raw))
 
 
-def encode_namespace(ns_id: int, labels: Sequence[str]) -> bytes:
-    return ormsgpack.packb([ns_id, list(labels)])
+class NamespaceRecord(NamedTuple):
+    ns_id: int
+    labels: tuple[str, ...]
+    # An item of the namespace was ever put with a TTL (never unset): while
+    # not, every item in its order index is live, read or not.
+    ttl: bool
 
 
-def decode_namespace(raw: bytes) -> tuple[int, tuple[str, ...]]:
-    ns_id, labels = ormsgpack.unpackb(raw)
-    return ns_id, tuple(labels)
+def encode_namespace(ns_id: int, labels: Sequence[str], ttl: bool = False) -> bytes:
+    return ormsgpack.packb([ns_id, list(labels), ttl])
+
+
+def decode_namespace(raw: bytes) -> NamespaceRecord:
+    ns_id, labels, ttl = ormsgpack.unpackb(raw)
+    return NamespaceRecord(ns_id, tuple(labels), ttl)
 
 
 def encode_labels(labels: Sequence[str]) -> bytes:
@@ -216,14 +255,6 @@ def encode_labels(labels: Sequence[str]) -> bytes:
 
 def decode_labels(raw: bytes) -> tuple[str, ...]:
     return tuple(ormsgpack.unpackb(raw))
-
-
-def encode_seq(seq: int) -> bytes:
-    return ormsgpack.packb(seq)
-
-
-def decode_seq(raw: bytes) -> int:
-    return int(ormsgpack.unpackb(raw))
 
 
 def encode_schema() -> bytes:

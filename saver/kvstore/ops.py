@@ -5,10 +5,17 @@ list_namespaces) and writes (puts, deletes, TTL refreshes), through the
 ``Run`` is one run of a batch: everything it learns lives in it (the
 namespace ids it finds or makes, the seqs it hands out), so a rerun starts
 afresh and the store's cache takes only what a committed run found.
+
+An item is one lookup by its key (``keyspace.item_key``); a namespace's
+items in insertion order are its order entries, each naming its record's
+key, whose records are read a chunk at a time (``Txn.get_many``: one round
+trip on PostgreSQL).
 """
 
 from __future__ import annotations
 
+import itertools
+import operator
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
@@ -29,19 +36,42 @@ if TYPE_CHECKING:
 __all__ = ["Run"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_Hit = tuple[int, int, KS.ItemRecord]  # ns id, seq, record
+_Hit = tuple[int, bytes, KS.ItemRecord]  # ns id, key element, record
+_Found = tuple[int, bytes, KS.ItemRecord, Any, "float | None"]  # a hit, its value, its score
+_Space = tuple[int, tuple[str, ...], bool]  # ns id, labels, ttl (``KS.NamespaceRecord``)
+_CHUNK = 256  # the most order entries whose records one get_many reads
 # Scores this close are a tie (returned in insertion order, as InMemoryStore's
 # stable sort returns equal scores): one vector stored twice can score a few
 # float32 ulps apart, by where its rows sit in the matrix.
 _TIE = 1e-6
 
 
+_value = operator.itemgetter(1)
+
+
 def when(us: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=us)
+    return _EPOCH + timedelta(0, 0, us)  # positional: a third of the keyword call's cost
 
 
 class Run:
     """One run of a batch in ``txn`` at ``now_us`` (a write run when ``write``)."""
+
+    __slots__ = (
+        "_made",
+        "_next_ns",
+        "_next_seq",
+        "cache",
+        "found",
+        "now_ms",
+        "now_us",
+        "refresh",
+        "results",
+        "ttl_found",
+        "ttl_ids",
+        "txn",
+        "vectors",
+        "write",
+    )
 
     def __init__(
         self,
@@ -50,15 +80,18 @@ class Run:
         cache: dict[tuple[str, ...], int],
         vectors: Vectors | None,
         write: bool,
+        ttl_ids: set[int] | frozenset[int] = frozenset(),
     ) -> None:
         self.txn = txn
         self.now_us = now_us
         self.now_ms = now_us // 1000
         self.cache = cache  # the store's: committed namespace ids, read only here
         self.found: dict[tuple[str, ...], int] = {}  # ids this run read (or made)
+        self.ttl_ids = ttl_ids  # the store's: committed ids whose namespace's ttl is set
+        self.ttl_found: set[int] = set()  # ids whose ttl this run read set (or set)
         self.vectors = vectors
         self.write = write
-        self.refresh: list[tuple[int, int]] = []  # (ns id, seq) read with a TTL to refresh
+        self.refresh: list[tuple[int, bytes]] = []  # (ns id, key element) read with a TTL
         self._next_seq: dict[int, int] = {}
         self._next_ns: int | None = None
         self._made: set[int] = set()  # ids of namespaces this run made: no items yet
@@ -75,88 +108,106 @@ class Run:
         raw = self.txn.get(KS.namespace_key(ns))
         if raw is None:
             return None
-        ns_id, labels = KS.decode_namespace(raw)
-        if labels != ns:  # a tail surrogate shared by two namespaces: not this one
+        rec = KS.decode_namespace(raw)
+        if rec.labels != ns:  # a tail surrogate shared by two namespaces: not this one
             return None
-        self.found[ns] = ns_id
-        return ns_id
+        self.found[ns] = rec.ns_id
+        return rec.ns_id
 
-    def lookup(self, ns_id: int, key: str) -> tuple[int, KS.ItemRecord] | None:
-        raw = self.txn.get(KS.key_key(ns_id, key))
+    def lookup(self, ns_id: int, key: str) -> tuple[bytes, KS.ItemRecord] | None:
+        """The item's key element and record: one read."""
+        el = KS.key_element(key)
+        raw = self.txn.get(KS.item_key(ns_id, el))
         if raw is None:
             return None
-        seq = KS.decode_seq(raw)
-        rec = self.txn.get(KS.item_key(ns_id, seq))
-        if rec is None:
-            return None
-        item = KS.decode_item(rec)
-        return (seq, item) if item.key == key else None
+        item = KS.decode_item(raw)
+        return (el, item) if item.key == key else None
 
     def live(self, rec: KS.ItemRecord) -> bool:
         return rec.expires_ms is None or rec.expires_ms > self.now_ms
 
-    def namespaces(self, prefix: tuple[str, ...]) -> list[tuple[int, tuple[str, ...]]]:
-        """(id, labels) of every namespace under ``prefix``, in creation order."""
+    def namespaces(self, prefix: tuple[str, ...]) -> list[_Space]:
+        """(id, labels, ttl) of every namespace under ``prefix``, in creation order."""
         start, stop, _ = KS.namespace_prefix_range(prefix)
         n = len(prefix)
-        out = []
+        out: list[_Space] = []
         for _, raw in self.txn.scan(start, stop):
-            ns_id, labels = KS.decode_namespace(raw)
-            if labels[:n] == prefix:
-                out.append((ns_id, labels))
-                self.found[labels] = ns_id
+            rec = KS.decode_namespace(raw)
+            if rec.labels[:n] == prefix:
+                out.append(rec)
+                self.found[rec.labels] = rec.ns_id
         out.sort()
         return out
 
-    def items(self, ns_id: int) -> Iterator[_Hit]:
-        """A namespace's live items in insertion order."""
-        start, stop = KS.items_range(ns_id)
-        skip = len(start)
-        for key, raw in self.txn.scan(start, stop):
-            rec = KS.decode_item(raw)
-            if self.live(rec):
-                yield ns_id, KS.item_seq(key, skip), rec
+    def entries(self, ns_id: int) -> Iterator[bytes]:
+        """The key elements of a namespace's items, in insertion order."""
+        return map(_value, self.txn.scan(*KS.order_range(ns_id)))
 
-    def nonempty(self, ns_id: int) -> bool:
-        """Whether a namespace holds a live item."""
-        for _, raw in self.txn.scan(*KS.items_range(ns_id)):
-            if self.live(KS.decode_item(raw)):
-                return True
-        return False
+    def items(self, ns_id: int, entries: Iterator[bytes], first: int = _CHUNK) -> Iterator[_Hit]:
+        """The live items of ``entries`` (of namespace ``ns_id``), in their
+        order, their records read ``first`` at first, then twice as many at
+        each chunk up to ``_CHUNK``: a search that stops early reads few
+        more than it returns, a long one in few round trips."""
+        get_many, head, now_ms = self.txn.get_many, KS.item_key(ns_id, b""), self.now_ms
+        n = max(first, 1)
+        while True:
+            chunk = list(itertools.islice(entries, n))
+            if not chunk:
+                return
+            for el, raw in zip(chunk, get_many([head + el for el in chunk])):
+                if raw is None:
+                    continue  # an order entry without its record: none is written so
+                rec = KS.decode_item(raw)
+                if rec.expires_ms is None or rec.expires_ms > now_ms:  # live
+                    yield ns_id, el, rec
+            n = min(2 * n, _CHUNK)
+
+    def nonempty(self, ns_id: int, ttl: bool) -> bool:
+        """Whether a namespace holds a live item: without a TTL ever put
+        there, whether it has an order entry."""
+        if not ttl:
+            return next(iter(self.txn.scan(*KS.order_range(ns_id), limit=1)), None) is not None
+        return next(self.items(ns_id, self.entries(ns_id), 1), None) is not None
 
     # -- reads --------------------------------------------------------------
 
-    def _returned(self, ns_id: int, seq: int, rec: KS.ItemRecord, refresh: bool) -> None:
+    def _returned(self, ns_id: int, el: bytes, rec: KS.ItemRecord, refresh: bool) -> None:
         if refresh and rec.ttl is not None:
-            self.refresh.append((ns_id, seq))
+            self.refresh.append((ns_id, el))
 
-    def get(self, op: GetOp) -> Item | None:
-        ns_id = self.ns_id(op.namespace)
-        hit = None if ns_id is None else self.lookup(ns_id, op.key)
-        if hit is None or not self.live(hit[1]):
+    def get(self, namespace: tuple[str, ...], key: str, refresh_ttl: bool) -> Item | None:
+        """A ``GetOp``'s item (its fields passed: a lone get makes no op)."""
+        ns_id = self.ns_id(namespace)
+        if ns_id is None:
             return None
-        assert ns_id is not None
-        self._returned(ns_id, hit[0], hit[1], op.refresh_ttl)
-        rec = hit[1]
+        hit = self.lookup(ns_id, key)
+        if hit is None:
+            return None
+        el, rec = hit
+        if rec.expires_ms is not None:
+            if rec.expires_ms <= self.now_ms:
+                return None
+            if refresh_ttl and rec.ttl is not None:
+                self.refresh.append((ns_id, el))
         created = when(rec.created_us)
         return Item(
             value=ormsgpack.unpackb(rec.value),
             key=rec.key,
-            namespace=op.namespace,
+            namespace=namespace,
             created_at=created,
             updated_at=created if rec.updated_us == rec.created_us else when(rec.updated_us),
         )
 
     def search(self, op: SearchOp, query: list[float] | None) -> list[SearchItem]:
         spaces = self.namespaces(op.namespace_prefix)
-        labels = dict(spaces)
+        labels = {ns_id: ns for ns_id, ns, _ in spaces}
         if query is not None and self.vectors is not None:
-            picked = self._ranked(op, query, labels)
+            picked = self._ranked(op, query, spaces)
         else:
             picked = self._plain(op, spaces, op.offset, op.limit, None)
         out = []
-        for ns_id, seq, rec, value, score in picked:
-            self._returned(ns_id, seq, rec, op.refresh_ttl)
+        for ns_id, el, rec, value, score in picked:
+            self._returned(ns_id, el, rec, op.refresh_ttl)
             created = when(rec.created_us)
             out.append(
                 SearchItem(
@@ -175,21 +226,29 @@ class Run:
     def _plain(
         self,
         op: SearchOp,
-        spaces: list[tuple[int, tuple[str, ...]]],
+        spaces: list[_Space],
         offset: int,
         limit: int,
         vectors: bool | None,
-    ) -> list[tuple[int, int, KS.ItemRecord, Any, float | None]]:
+    ) -> list[_Found]:
         """Items in order passing the filter (and, with ``vectors`` False,
         only those without vectors), ``offset`` skipped, ``limit`` kept."""
-        out: list[tuple[int, int, KS.ItemRecord, Any, float | None]] = []
+        out: list[_Found] = []
         if limit <= 0:
             return out
-        for ns_id, _ in spaces:
-            for _, seq, rec in self.items(ns_id):
+        plain = not op.filter and vectors is None  # every live item counts
+        for ns_id, _, ttl in spaces:
+            entries = self.entries(ns_id)
+            if offset and plain and not ttl:  # every entry is a live item: skipped unread
+                skipped = sum(1 for _ in itertools.islice(entries, offset))
+                offset -= skipped
+                if offset:
+                    continue
+            # no more records read first than the search returns if they all count
+            for _, el, rec in self.items(ns_id, entries, offset + limit - len(out)):
                 if vectors is False and rec.vectors:
                     continue
-                if offset and not op.filter:  # skipped unread
+                if offset and plain:  # skipped undecoded
                     offset -= 1
                     continue
                 value = ormsgpack.unpackb(rec.value)
@@ -198,26 +257,24 @@ class Run:
                 if offset:
                     offset -= 1
                     continue
-                out.append((ns_id, seq, rec, value, None))
+                out.append((ns_id, el, rec, value, None))
                 if len(out) == limit:
                     return out
         return out
 
-    def _ranked(
-        self, op: SearchOp, query: list[float], labels: dict[int, tuple[str, ...]]
-    ) -> list[tuple[int, int, KS.ItemRecord, Any, float | None]]:
+    def _ranked(self, op: SearchOp, query: list[float], spaces: list[_Space]) -> list[_Found]:
         """InMemoryStore's order: items with vectors by their best score
         (ties, within ``_TIE``, in insertion order), ``offset`` skipped and ``limit`` kept;
         then, while fewer than ``limit``, items without vectors in order."""
         assert self.vectors is not None
-        kept: list[tuple[int, int, KS.ItemRecord, Any, float | None]] = []
+        kept: list[_Found] = []
         skip, want = op.offset, op.limit
-        group: list[tuple[int, int, KS.ItemRecord, Any, float | None]] = []
+        group: list[_Found] = []
         group_score = 0.0  # the best score of the group
 
         def flush() -> bool:
             nonlocal skip
-            group.sort(key=lambda h: (h[0], h[1]))
+            group.sort(key=lambda h: (h[0], h[2].seq))
             for hit in group:
                 if skip:
                     skip -= 1
@@ -247,106 +304,154 @@ class Run:
             if not done and group:
                 flush()
         if len(kept) < want:
-            spaces = sorted(labels.items())
             kept.extend(self._plain(op, spaces, 0, want - len(kept), False))
         return kept
 
     def list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
-        """The namespace records in key order; while every namespace found so
-        far is keyed by its labels themselves (``KS.inline``), the ones after
-        sort after them too, so the scan stops at ``offset + limit`` found."""
+        """The namespace records in key order, a chunk at a time; while every
+        namespace found so far is keyed by its labels themselves
+        (``KS.inline``), the ones after sort after them too, so the scan
+        stops at ``offset + limit`` found. A namespace where no TTL was ever
+        put holds a live item if its first item is still there: those of a
+        chunk are looked up in one read, the others scanned."""
         conditions = op.match_conditions
         prefix = CK.literal_prefix(conditions)
         start, stop, _ = KS.namespace_prefix_range(prefix)
         n, depth, want = len(prefix), op.max_depth, op.offset + op.limit
+        # prefix conditions without a wildcard that the range meets: met
+        rest = [
+            c
+            for c in conditions or ()
+            if not (
+                c.match_type == "prefix" and "*" not in c.path and prefix[: len(c.path)] == c.path
+            )
+        ]
         found: set[tuple[str, ...]] = set()
         ordered = True
-        for _, raw in self.txn.scan(start, stop):
-            ns_id, labels = KS.decode_namespace(raw)
-            if labels[:n] != prefix:
-                continue  # past the key budget: another prefix's
-            self.found[labels] = ns_id
-            if not CK.namespace_matches(conditions, labels):
-                continue
-            got = labels if depth is None else labels[:depth]
-            if got in found or not self.nonempty(ns_id):
-                continue  # counted already; emptied, or only expired items
-            found.add(got)
-            ordered = ordered and KS.inline(labels)
-            if ordered and len(found) >= want:
+        records = self.txn.scan(start, stop)
+        size = min(max(want, 16), _CHUNK)
+        while True:
+            read = 0
+            chunk: list[tuple[tuple[str, ...], KS.NamespaceRecord]] = []
+            for _, raw in itertools.islice(records, size):
+                read += 1
+                rec = KS.decode_namespace(raw)
+                labels = rec.labels
+                if labels[:n] != prefix:
+                    continue  # past the key budget: another prefix's
+                self.found[labels] = rec.ns_id
+                if rest and not CK.namespace_matches(rest, labels):
+                    continue
+                chunk.append((labels if depth is None else labels[:depth], rec))
+            if not read:
                 break
+            asked: dict[tuple[str, ...], int] = {}  # got -> the ns id whose first item is read
+            for got, rec in chunk:
+                if not rec.ttl and got not in found and got not in asked:
+                    asked[got] = rec.ns_id
+            ids = list(asked.values())
+            firsts = dict(zip(ids, self.txn.get_many([KS.order_key(i, 1) for i in ids])))
+            for got, rec in chunk:
+                if got in found:
+                    continue  # counted already
+                if firsts.get(rec.ns_id) is None and not self.nonempty(rec.ns_id, rec.ttl):
+                    continue  # emptied, or only expired items
+                found.add(got)
+                ordered = ordered and KS.inline(rec.labels)
+                if ordered and len(found) >= want:
+                    return sorted(found)[op.offset : want]
+            size = min(2 * size, _CHUNK)
         return sorted(found)[op.offset : want]
 
     # -- writes -------------------------------------------------------------
 
-    def _new_ns(self, ns: tuple[str, ...]) -> int:
+    def _new_ns(self, ns: tuple[str, ...], ttl: bool) -> int:
         if self._next_ns is None:
             last = next(iter(self.txn.scan(*KS.ns_ids_range(), reverse=True, limit=1)), None)
             self._next_ns = 1 if last is None else unpack(last[0])[2] + 1
         ns_id, self._next_ns = self._next_ns, self._next_ns + 1
-        self.txn.put(KS.namespace_key(ns), KS.encode_namespace(ns_id, ns))
+        self.txn.put(KS.namespace_key(ns), KS.encode_namespace(ns_id, ns, ttl))
         self.txn.put(KS.ns_id_key(ns_id), KS.encode_labels(ns))
         self.found[ns] = ns_id
         # A new id is past every id ever recorded (namespace records are never
         # deleted), so nothing is keyed by it: its first seq is 1, unread.
         self._made.add(ns_id)
         self._next_seq[ns_id] = 1
+        if ttl:
+            self.ttl_found.add(ns_id)
         return ns_id
+
+    def _mark_ttl(self, ns: tuple[str, ...], ns_id: int) -> None:
+        """Set the namespace's ttl (an item of it is put with a TTL), once."""
+        if ns_id in self.ttl_found or ns_id in self.ttl_ids:
+            return
+        key = KS.namespace_key(ns)
+        raw = self.txn.get(key)
+        if raw is not None:
+            rec = KS.decode_namespace(raw)
+            if rec.ns_id == ns_id and not rec.ttl:
+                self.txn.put(key, KS.encode_namespace(ns_id, ns, True))
+        self.ttl_found.add(ns_id)
 
     def _new_seq(self, ns_id: int) -> int:
         seq = self._next_seq.get(ns_id)
         if seq is None:
-            start, stop = KS.items_range(ns_id)
+            start, stop = KS.order_range(ns_id)
             last = next(iter(self.txn.scan(start, stop, reverse=True, limit=1)), None)
-            seq = 1 if last is None else KS.item_seq(last[0], len(start)) + 1
+            seq = 1 if last is None else KS.order_seq(last[0], len(start)) + 1
         self._next_seq[ns_id] = seq + 1
         return seq
 
-    def remove(self, ns: tuple[str, ...], ns_id: int, seq: int, rec: KS.ItemRecord) -> None:
-        remove_item(self.txn, self.vectors, ns, ns_id, seq, rec)
+    def remove(self, ns: tuple[str, ...], ns_id: int, el: bytes, rec: KS.ItemRecord) -> None:
+        remove_item(self.txn, self.vectors, ns, ns_id, el, rec)
 
-    def _store(self, ns_id: int, seq: int, rec: KS.ItemRecord, old: KS.ItemRecord | None) -> None:
-        if old is not None and old.expires_ms is not None and old.expires_ms != rec.expires_ms:
-            self.txn.delete(KS.expiry_key(old.expires_ms, ns_id, seq))
-        self.txn.put(KS.item_key(ns_id, seq), KS.encode_item(rec))
-        if rec.expires_ms is not None:
-            self.txn.put(KS.expiry_key(rec.expires_ms, ns_id, seq), b"")
+    def _store(self, ns_id: int, el: bytes, rec: KS.ItemRecord, old: KS.ItemRecord | None) -> None:
+        old_expires = None if old is None else old.expires_ms
+        if old_expires is not None and old_expires != rec.expires_ms:
+            self.txn.delete(KS.expiry_key(old_expires, ns_id, rec.seq))
+        self.txn.put(KS.item_key(ns_id, el), KS.encode_item(rec))
+        if rec.expires_ms is not None and rec.expires_ms != old_expires:
+            self.txn.put(KS.expiry_key(rec.expires_ms, ns_id, rec.seq), el)
 
     def put(self, p: Put) -> None:
         ns_id = self.ns_id(p.namespace)
         if ns_id is None:
             if p.value is None:
                 return
-            ns_id = self._new_ns(p.namespace)
+            ns_id = self._new_ns(p.namespace, p.ttl is not None)
         hit = None if ns_id in self._made else self.lookup(ns_id, p.key)
         if hit is not None and (p.value is None or not self.live(hit[1])):
             self.remove(p.namespace, ns_id, *hit)
             hit = None
         if p.value is None:
             return
-        expires = None if p.ttl is None else self.now_ms + round(p.ttl * 60_000)
-        if hit is None:
-            seq, created, old = self._new_seq(ns_id), self.now_us, None
-            self.txn.put(KS.key_key(ns_id, p.key), KS.encode_seq(seq))
+        if p.ttl is None:
+            expires = None
         else:
-            seq, old = hit
-            created = old.created_us
+            expires = self.now_ms + round(p.ttl * 60_000)
+            self._mark_ttl(p.namespace, ns_id)
+        if hit is None:
+            el, seq, created, old = KS.key_element(p.key), self._new_seq(ns_id), self.now_us, None
+            self.txn.put(KS.order_key(ns_id, seq), el)
+        else:
+            el, old = hit
+            seq, created = old.seq, old.created_us
         vecs = p.vectors or []
-        rec = KS.ItemRecord(p.key, p.value, created, self.now_us, expires, p.ttl, bool(vecs))
-        self._store(ns_id, seq, rec, old)
+        rec = KS.ItemRecord(p.key, seq, p.value, created, self.now_us, expires, p.ttl, bool(vecs))
+        self._store(ns_id, el, rec, old)
         had = old is not None and old.vectors
         if self.vectors is not None and (vecs or had):
             self.vectors.write(self.txn, p.namespace, p.key, vecs, stored=had)
         elif had:  # no index config here: the old ones go
             delete_vectors(self.txn, p.namespace, p.key)
 
-    def refresh_ttls(self, wanted: list[tuple[int, int]]) -> int:
+    def refresh_ttls(self, wanted: list[tuple[int, bytes]]) -> int:
         """Push back the expiry of items read with a TTL (still there, still
         live), unless by less than a hundredth of their TTL."""
         n = 0
         ids = list(dict.fromkeys(wanted))
-        raws = self.txn.get_many([KS.item_key(ns_id, seq) for ns_id, seq in ids])
-        for (ns_id, seq), raw in zip(ids, raws):
+        raws = self.txn.get_many([KS.item_key(ns_id, el) for ns_id, el in ids])
+        for (ns_id, el), raw in zip(ids, raws):
             if raw is None:
                 continue
             rec = KS.decode_item(raw)
@@ -356,7 +461,7 @@ class Run:
             expires = self.now_ms + ttl_ms
             if expires - rec.expires_ms <= ttl_ms // 100:
                 continue
-            self._store(ns_id, seq, rec._replace(expires_ms=expires), rec)
+            self._store(ns_id, el, rec._replace(expires_ms=expires), rec)
             n += 1
         return n
 
@@ -366,7 +471,7 @@ class Run:
         results: list[Any] = [None] * len(plan.ops)
         for i, op in enumerate(plan.ops):
             if isinstance(op, GetOp):
-                results[i] = self.get(op)
+                results[i] = self.get(op.namespace, op.key, op.refresh_ttl)
             elif isinstance(op, SearchOp):
                 results[i] = self.search(op, plan.queries.get(op.query or ""))
             elif isinstance(op, ListNamespacesOp):
@@ -385,15 +490,15 @@ def remove_item(
     vectors: Vectors | None,
     ns: tuple[str, ...] | None,
     ns_id: int,
-    seq: int,
+    el: bytes,
     rec: KS.ItemRecord,
 ) -> None:
-    """An item's records, index entries and vectors (``ns`` None: its
+    """An item's record, index entries and vectors (``ns`` None: its
     labels read from the store where its vectors need them)."""
-    txn.delete(KS.item_key(ns_id, seq))
-    txn.delete(KS.key_key(ns_id, rec.key))
+    txn.delete(KS.item_key(ns_id, el))
+    txn.delete(KS.order_key(ns_id, rec.seq))
     if rec.expires_ms is not None:
-        txn.delete(KS.expiry_key(rec.expires_ms, ns_id, seq))
+        txn.delete(KS.expiry_key(rec.expires_ms, ns_id, rec.seq))
     if rec.vectors:  # with or without the index config: no stale vectors
         if ns is None:
             raw = txn.get(KS.ns_id_key(ns_id))

@@ -116,6 +116,7 @@ class KVStore(BaseStore):
             assert chosen is not None
             self.store = B.open_store(chosen, path_or_store, readonly, store_options)
         self._ns_ids: dict[tuple[str, ...], int] = {}
+        self._ttl_ids: set[int] = set()  # namespaces whose ttl is set (it stays set)
         self._inline_reads = self.store.nonblocking_reads
         self._pool = Pool(None if self.store.pipelines_reads else async_threads)
         self._sweeper = TTL.Sweeper()
@@ -149,6 +150,13 @@ class KVStore(BaseStore):
             raise FormatVersionError(
                 f"this store's items were written by kvstore format {version}; this version "
                 f"of kvsaver reads format {KS.FORMAT}. Upgrade kvsaver."
+            )
+        if version < KS.FORMAT:  # formats before it were never released: no upgrade
+            raise FormatVersionError(
+                f"this store's items were written by kvstore format {version}, a development "
+                f"format that no release wrote; this version of kvsaver reads format "
+                f"{KS.FORMAT} only: read it with the development version that wrote it, "
+                "or start a new store."
             )
 
     @property
@@ -262,7 +270,7 @@ class KVStore(BaseStore):
             run_box: list[Run] = []
 
             def fn(txn: Any) -> list[Result]:
-                run = Run(txn, now_us, self._ns_ids, self._vectors, write=True)
+                run = Run(txn, now_us, self._ns_ids, self._vectors, True, self._ttl_ids)
                 run_box[:] = [run]
                 return run.execute(plan)
 
@@ -281,7 +289,7 @@ class KVStore(BaseStore):
         self._learn(run)
         return run
 
-    def _refresh(self, wanted: list[tuple[int, int]], now_us: int) -> None:
+    def _refresh(self, wanted: list[tuple[int, bytes]], now_us: int) -> None:
         """The TTLs of items a read returned, pushed back in a write transaction
         of their own (not on a read-only store: its items expire as written)."""
         if self.store.readonly:
@@ -295,6 +303,10 @@ class KVStore(BaseStore):
             if len(self._ns_ids) + len(run.found) > _CACHE_MAX:
                 self._ns_ids.clear()
             self._ns_ids.update(run.found)
+        if run.ttl_found:
+            if len(self._ttl_ids) + len(run.ttl_found) > _CACHE_MAX:
+                self._ttl_ids.clear()
+            self._ttl_ids.update(run.ttl_found)
 
     # -- one op, without a batch's planning -----------------------------------
 
@@ -309,11 +321,12 @@ class KVStore(BaseStore):
         """``BaseStore.get``: the one op checked as ``batch`` checks it, then
         read in a read transaction of its own."""
         _check_key(key)
-        op = GetOp(CK.labels(namespace), key, self._refresh_default(refresh_ttl))
+        namespace = CK.labels(namespace)
+        refresh = self._refresh_default(refresh_ttl)
         now_us = time.time_ns() // 1000
         with self.store.read() as txn:
             run = Run(txn, now_us, self._ns_ids, None, write=False)
-            item = run.get(op)
+            item = run.get(namespace, key, refresh)
         self._learn(run)
         if run.refresh:
             self._refresh(run.refresh, now_us)

@@ -41,17 +41,17 @@ def sweep(store: Store, vectors: Vectors | None, now_ms: int | None = None) -> i
 
 def _sweep_chunk(txn: Txn, vectors: Vectors | None, at: int) -> int:
     n = 0
-    for key, _ in list(txn.scan(*KS.expiry_range(at), limit=_CHUNK)):
+    for key, el in list(txn.scan(*KS.expiry_range(at), limit=_CHUNK)):
         expires, ns_id, seq = KS.expiry_ids(key)
         txn.delete(key)
         n += 1
-        raw = txn.get(KS.item_key(ns_id, seq))
+        raw = txn.get(KS.item_key(ns_id, el))
         if raw is None:
             continue
         rec = KS.decode_item(raw)
-        if rec.expires_ms != expires:
-            continue  # refreshed since: its own entry is elsewhere in the index
-        remove_item(txn, vectors, None, ns_id, seq, rec)
+        if rec.expires_ms != expires or rec.seq != seq:
+            continue  # refreshed since (its own entry is elsewhere in the index), or another
+        remove_item(txn, vectors, None, ns_id, el, rec)
     return n
 
 
