@@ -554,7 +554,8 @@ def test_values_loaded_inline_are_what_typed_then_loads_give(strict: bool) -> No
 
     # strict_jsonplus: the lowest LangGraph CI installs has no strict mode
     serde = CompressingSerializer(strict_jsonplus() if strict else JsonPlusSerializer())
-    fast, loads, codec = C.value_readers(serde), C.loader(serde), D.codec(serde)
+    fast, loads = C.value_readers(serde, True), C.loader(serde, True)
+    codec = D.codec(serde)
     assert fast is not None
     raws = [S.encode_blob(serde.dumps_typed(v)) for v in _values()]
     raws += [S.encode_blob(None), b"empty\x00", None]  # no value (both formats), no record
@@ -578,16 +579,19 @@ def test_values_loaded_inline_are_what_typed_then_loads_give(strict: bool) -> No
     assert list(got) == list(want) == list(slow)
     assert repr(got) == repr(want) == repr(slow)
     enc = C.wrap(EncryptedSerializer.from_pycryptodome_aes(key=KEY))
-    assert C.value_readers(enc) is None and C.value_readers(JsonPlusSerializer()) is None
+    assert C.value_readers(enc, True) is None
+    assert C.value_readers(JsonPlusSerializer(), True) is None
+    assert C.value_readers(serde, False) is None  # the safe path: no fast parts
 
 
-def test_loader_of_other_serializers_is_their_loads_typed() -> None:
+@pytest.mark.parametrize("fast_paths", [True, False])
+def test_loader_of_other_serializers_is_their_loads_typed(fast_paths: bool) -> None:
     class Sub(JsonPlusSerializer):
         pass
 
     enc = C.wrap(EncryptedSerializer.from_pycryptodome_aes(key=KEY))
     for serde in (JsonPlusSerializer(), CompressingSerializer(Sub()), enc):
-        assert C.loader(serde) == serde.loads_typed
+        assert C.loader(serde, fast_paths) == serde.loads_typed
 
 
 def test_compressors_are_reused_across_short_lived_threads(monkeypatch: Any) -> None:
@@ -673,7 +677,8 @@ def test_compress_small_marks_and_round_trips() -> None:
     fresh = CompressingSerializer()  # no cache: decompresses
     want = JsonPlusSerializer().loads_typed(("msgpack", data))
     assert fresh.loads_typed((typ, packed)) == want
-    assert C.loader(CompressingSerializer())((typ, packed)) == want
+    for fast_paths in (True, False):
+        assert C.loader(CompressingSerializer(), fast_paths)((typ, packed)) == want
     assert fresh.decompress_typed(typ, packed) == ("msgpack", data)
     # too small, large enough for the threshold, never compressing, incompressible
     assert serde.compress_small("msgpack", data[:100]) == ("msgpack", data[:100])
