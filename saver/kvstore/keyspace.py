@@ -20,7 +20,8 @@ from typing import Any, NamedTuple
 import ormsgpack
 from kvsaver.kv.keys import INT_ZERO, pack, prefix_range, unpack
 
-from ..keyspace import _el, k
+from ..keyspace import STORE, _el, k, store_range
+from ..keyspace import STORE_ITEM as ITEM
 
 __all__ = [
     "EXPIRY",
@@ -48,21 +49,15 @@ __all__ = [
     "store_range",
 ]
 
-STORE = "s"  # the first element of every KVStore key
 SCHEMA_KEY = pack((STORE, "schema"))
 NS = "n"  # ("s", "n", *label elements) -> [ns id, [labels]]
 NS_ID = "N"  # ("s", "N", ns id) -> [labels]
 KEY = "k"  # ("s", "k", ns id, key element) -> seq
-ITEM = "i"  # ("s", "i", ns id, seq) -> ItemRecord
+# ITEM (saver/keyspace.STORE_ITEM): ("s", "i", ns id, seq) -> ItemRecord
 EXPIRY = "x"  # ("s", "x", expires ms, ns id, seq) -> b""
 FORMAT = 1
 
 _NS_BUDGET = 400  # bytes of label elements in a namespace key (LMDB keys: 511)
-
-
-def store_range() -> tuple[bytes, bytes]:
-    """Every key of the store keyspace (what KVSaver skips)."""
-    return prefix_range((STORE,))
 
 
 def namespace_elements(labels: Sequence[str], budget: int = _NS_BUDGET) -> tuple[list[Any], bool]:
