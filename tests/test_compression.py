@@ -584,6 +584,25 @@ def test_values_loaded_inline_are_what_typed_then_loads_give(strict: bool) -> No
     assert C.value_readers(serde, False) is None  # the safe path: no fast parts
 
 
+def test_fast_paths_without_the_private_names_take_the_public_loader(monkeypatch: Any) -> None:
+    """``fast_paths=True`` where LangGraph no longer has the private names
+    (``_upstream.stock_ext_hook`` finds none): the same one-call loader as
+    ``fast_paths=False``, no fast parts, and heads still read."""
+    from kvsaver import _upstream as U
+
+    monkeypatch.setattr(U, "stock_ext_hook", lambda serde: None)
+    serde = CompressingSerializer()
+    loads = C.loader(serde, True)
+    assert loads != serde.loads_typed
+    for value in _values():
+        typed = serde.dumps_typed(value)
+        assert repr(loads(typed)) == repr(serde.loads_typed(typed)), typed[0]
+    assert C.value_readers(serde, True) is None
+    plain = C.msgpack_loader(serde, True)
+    assert plain is not None
+    assert plain(serde.serde.dumps_typed({"a": [1]})[1]) == {"a": [1]}
+
+
 @pytest.mark.parametrize("fast_paths", [True, False])
 def test_loader_of_other_serializers_is_their_loads_typed(fast_paths: bool) -> None:
     class Sub(JsonPlusSerializer):
