@@ -433,18 +433,19 @@ def loader(serde: SerializerProtocol, fast_paths: bool) -> Callable[[tuple[str, 
 
     def loads(data: tuple[str, bytes]) -> Any:
         typ, raw = data
-        if typ == "msgpack":
-            if hook is None:
-                return inner_loads(data)
-        elif typ == packed_type:
+        if typ == "msgpack":  # the most common: one test of the path
+            if hook is not None:
+                return unpackb(raw, ext_hook=hook, option=option)
+            return inner_loads(data)
+        if typ == packed_type:
             raw = inflate(raw)
         elif typ == small_type:
             raw = inflate_small(raw)
         else:
             return slow(data)
-        if hook is None:
-            return inner_loads(("msgpack", raw))
-        return unpackb(raw, ext_hook=hook, option=option)
+        if hook is not None:
+            return unpackb(raw, ext_hook=hook, option=option)
+        return inner_loads(("msgpack", raw))
 
     if hook is not None:
         serde._loader = (stock, loads, ValueReaders(unpackb, hook, option, inflate))
