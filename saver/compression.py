@@ -394,38 +394,36 @@ class CompressingSerializer(SerializerProtocol):
         )
 
 
-def loader(
-    serde: SerializerProtocol, fast_paths: bool = True
-) -> Callable[[tuple[str, bytes]], Any]:
-    """``serde.loads_typed``; with ``fast_paths`` an equivalent that takes the default stack's
-    layers in one call: a checkpoint read loads a dozen values, and each
-    would go through this wrapper and ``JsonPlusSerializer.loads_typed`` (type
-    checks, a tuple rebuilt) before reaching ``ormsgpack.unpackb``. For
-    ``CompressingSerializer(JsonPlusSerializer)`` exactly (not a subclass,
-    no encryption), "msgpack", "msgpack.zst" and "msgpack.zd1" values are unpacked here the
-    way ``JsonPlusSerializer.loads_typed`` does it, with that serializer's
-    own ext hook (which carries its msgpack allowlist); any other type, and
-    any other serializer, goes through ``loads_typed``.
+def loader(serde: SerializerProtocol, fast_paths: bool) -> Callable[[tuple[str, bytes]], Any]:
+    """``serde.loads_typed`` in one call: a checkpoint read loads a dozen
+    values, and each would go through this wrapper and
+    ``JsonPlusSerializer.loads_typed`` (type checks, a tuple rebuilt) before
+    reaching ``ormsgpack.unpackb``. For ``CompressingSerializer(JsonPlusSerializer)``
+    exactly (not a subclass, no encryption), this module's own layer is undone
+    here (no wrapper call, no suffix parsing) for "msgpack", "msgpack.zst" and
+    "msgpack.zd1" values, whose msgpack bytes then load through the inner
+    ``JsonPlusSerializer``'s ``loads_typed`` (public calls only), or with
+    ``fast_paths`` are unpacked here the way it unpacks them, with that
+    serializer's own ext hook (which carries its msgpack allowlist); any
+    other type, and any other serializer, goes through ``loads_typed``.
     ``tests/test_compression.py`` checks the two agree. The fast path takes
     private names of LangGraph's (``_upstream``): only with ``fast_paths``."""
-    if not isinstance(serde, CompressingSerializer):
+    if not isinstance(serde, CompressingSerializer) or type(serde.serde) is not JsonPlusSerializer:
         return serde.loads_typed
     inner = serde.serde
-    if not fast_paths:
-        return _public_loader(serde) if type(inner) is JsonPlusSerializer else serde.loads_typed
-    stock = U.stock_ext_hook(inner)
-    if type(inner) is not JsonPlusSerializer or stock is None:
-        return serde.loads_typed
-    fast = serde._loader
-    if fast is not None and fast[0] is stock:
-        return fast[1]
-    # Messages built with less Python, the same objects, unless
-    # the hook is the user's own (``__unpack_ext_hook__``): it decides alone.
-    custom = U.custom_ext_hook(inner)
-    hook = stock if custom else fast_hook(stock)
-    unpackb, option, inflate, inflate_small, slow = (
+    stock = U.stock_ext_hook(inner) if fast_paths else None
+    hook: Any = None  # None: the inner serializer's loads_typed
+    if stock is not None:
+        fast = serde._loader
+        if fast is not None and fast[0] is stock:
+            return fast[1]
+        # Messages built with less Python, the same objects, unless
+        # the hook is the user's own (``__unpack_ext_hook__``): it decides alone.
+        hook = stock if U.custom_ext_hook(inner) else fast_hook(stock)
+    unpackb, option, inner_loads, inflate, inflate_small, slow = (
         ormsgpack.unpackb,
         ormsgpack.OPT_NON_STR_KEYS,
+        inner.loads_typed,
         serde._inflate,
         serde._inflate_small,
         serde.loads_typed,
@@ -435,41 +433,22 @@ def loader(
 
     def loads(data: tuple[str, bytes]) -> Any:
         typ, raw = data
-        if typ == "msgpack":
-            return unpackb(raw, ext_hook=hook, option=option)
-        if typ == packed_type:
-            return unpackb(inflate(raw), ext_hook=hook, option=option)
-        if typ == small_type:
-            return unpackb(inflate_small(raw), ext_hook=hook, option=option)
-        return slow(data)
-
-    serde._loader = (stock, loads, ValueReaders(unpackb, hook, option, inflate))
-    return loads
-
-
-def _public_loader(serde: CompressingSerializer) -> Callable[[tuple[str, bytes]], Any]:
-    """``serde.loads_typed`` in one call through public calls only: this
-    module's own layer undone here (no wrapper call, no suffix parsing),
-    then the inner ``JsonPlusSerializer``'s ``loads_typed``."""
-    inner_loads, inflate, inflate_small, slow = (
-        serde.serde.loads_typed,
-        serde._inflate,
-        serde._inflate_small,
-        serde.loads_typed,
-    )
-    packed_type = "msgpack" + SUFFIX
-    small_type = "msgpack" + DICT_SUFFIX
-
-    def loads(data: tuple[str, bytes]) -> Any:
-        typ = data[0]
-        if typ == "msgpack":
+        if typ == "msgpack":  # the most common: one test of the path
+            if hook is not None:
+                return unpackb(raw, ext_hook=hook, option=option)
             return inner_loads(data)
         if typ == packed_type:
-            return inner_loads(("msgpack", inflate(data[1])))
-        if typ == small_type:
-            return inner_loads(("msgpack", inflate_small(data[1])))
-        return slow(data)
+            raw = inflate(raw)
+        elif typ == small_type:
+            raw = inflate_small(raw)
+        else:
+            return slow(data)
+        if hook is not None:
+            return unpackb(raw, ext_hook=hook, option=option)
+        return inner_loads(("msgpack", raw))
 
+    if hook is not None:
+        serde._loader = (stock, loads, ValueReaders(unpackb, hook, option, inflate))
     return loads
 
 
@@ -486,7 +465,7 @@ class ValueReaders(NamedTuple):
     inflate: Callable[[bytes], bytes]
 
 
-def value_readers(serde: SerializerProtocol, fast_paths: bool = True) -> ValueReaders | None:
+def value_readers(serde: SerializerProtocol, fast_paths: bool) -> ValueReaders | None:
     """``loader(serde)``'s fast path in parts (``ValueReaders``), or None
     when it has none (always without ``fast_paths``). For a reader that
     finds the type in its own record (a channel value's,
@@ -494,7 +473,7 @@ def value_readers(serde: SerializerProtocol, fast_paths: bool = True) -> ValueRe
     the type switch per value, a dozen per checkpoint read."""
     if not fast_paths:
         return None
-    loads = loader(serde)
+    loads = loader(serde, True)
     fast = serde._loader if isinstance(serde, CompressingSerializer) else None
     if fast is None or fast[1] is not loads:
         return None
@@ -505,13 +484,12 @@ def msgpack_loader(
     serde: SerializerProtocol, fast_paths: bool
 ) -> Callable[[bytes | memoryview], Any] | None:
     """msgpack bytes of the inner ``JsonPlusSerializer`` (a head record's
-    payload) -> the value, as ``loads(("msgpack", raw))`` loads it: through
-    ``value_readers`` with ``fast_paths``, else through that serializer's
-    ``loads_typed``; None when ``value_readers`` would have no fast path."""
-    if fast_paths:
-        fast = value_readers(serde)
-        if fast is None:
-            return None
+    payload) -> the value, as ``loader(serde, fast_paths)`` loads
+    ``("msgpack", raw)``: through ``value_readers`` where it has a fast path,
+    else through that serializer's ``loads_typed``; None for a stack that
+    ``loader`` leaves to ``loads_typed``."""
+    fast = value_readers(serde, fast_paths)
+    if fast is not None:
         unpackb, hook, option, _ = fast
         return lambda raw: unpackb(raw, ext_hook=hook, option=option)
     if not isinstance(serde, CompressingSerializer) or type(serde.serde) is not JsonPlusSerializer:

@@ -25,6 +25,10 @@ META = "m"
 ACTIVITY = "a"
 IDLE = "i"
 HEAD = "~h"  # after every other keyspace: heads never split another's pages
+# KVStore's keyspace (laid out in ``saver/kvstore/keyspace.py``): KVSaver's
+# schema check and ``stats`` step over it.
+STORE = "s"
+STORE_ITEM = "i"  # ("s", "i", ns id, key element): a KVStore item's record, one per item
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
@@ -360,6 +364,11 @@ def thread_prefix(kind: str, thread: str) -> bytes:
 def keyspace_range(kind: str) -> tuple[bytes, bytes]:
     """Every key of one keyspace (CHECKPOINT, BLOB, WRITE, ...)."""
     return prefix_range((kind,))
+
+
+def store_range() -> tuple[bytes, bytes]:
+    """Every key of the store keyspace (what KVSaver skips)."""
+    return prefix_range((STORE,))
 
 
 def key_thread(key: bytes) -> Any:

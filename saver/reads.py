@@ -150,9 +150,11 @@ class Reads:
         if not whole:
             versions = S.blob_versions(checkpoint)
             keys = S.read_blob_keys(thread, ns, versions)
-            # The blobs and the writes scan read together (one round trip on
-            # a network store; the scan below finds its first chunk read).
-            txn.prefetch(keys, () if wrange is None else ((wrange[0], wrange[1], False, None),))
+            # The writes scan queued, then sent with the blobs' lookup (one
+            # round trip on a network store; the scan below finds its first
+            # chunk read).
+            if wrange is not None:
+                txn.prefetch((), ((wrange[0], wrange[1], False, None),))
             # Whole or delta values, loaded in one loop, and the small
             # values the record holds.
             values = load_values(txn, versions, keys, txn.get_many(keys), loads, fast)

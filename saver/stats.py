@@ -18,7 +18,6 @@ from kvsaver.kv import CorruptStoreError, Store, SupportsDiskUsage
 from kvsaver.kv.keys import pack, unpack
 
 from . import schema as S
-from .kvstore.keyspace import ITEM, STORE, store_range
 from .upgrade import LEGACY_WRITE_KEY_LEN
 
 __all__ = ["StoreStats", "ThreadStats"]
@@ -28,7 +27,7 @@ _CHUNK = 2048
 # idle) only add to live bytes, so their keys are not unpacked (most keys of
 # a store are index keys, and `kvsaver threads` runs this pass too).
 _PER_THREAD = tuple(pack((kind,)) for kind in (S.CHECKPOINT, S.WRITE, S.BLOB, S.ACTIVITY, S.HEAD))
-_STORE_ITEM = pack((STORE, ITEM))  # a KVStore item's record: one per item
+_STORE_ITEM = pack((S.STORE, S.STORE_ITEM))  # a KVStore item's record: one per item
 
 
 @dataclass(frozen=True)
@@ -114,7 +113,7 @@ def collect(store: Store) -> StoreStats:
     activity: dict[Any, int] = {}
     slot = {S.CHECKPOINT: 0, S.WRITE: 1, S.BLOB: 2}
     live = store_items = store_bytes = 0
-    store_lo, store_hi = store_range()
+    store_lo, store_hi = S.store_range()
     # (task_id, idx) seen in format-1 write keys of one checkpoint (the keys
     # of a checkpoint are contiguous, so one checkpoint's set at a time)
     legacy: set[tuple[Any, ...]] = set()

@@ -29,7 +29,6 @@ from kvsaver.kv import CorruptStoreError, FormatVersionError, Store, Txn
 from kvsaver.kv.keys import pack, unpack
 
 from . import schema as S
-from .kvstore.keyspace import store_range
 
 _CHUNK = 4096  # keys per scan while rewriting: the scan never holds a whole keyspace
 
@@ -141,7 +140,7 @@ def check_schema(store: Store) -> bool:
         raw = txn.get(S.SCHEMA_KEY)
         # A KVStore's keys (its own keyspace, on a shared directory) are not
         # KVSaver data: a directory holding only those is a new KVSaver store.
-        lo, hi = store_range()
+        lo, hi = S.store_range()
         empty = raw is None and not any(
             next(iter(txn.scan(a, b, limit=1)), None) for a, b in ((None, lo), (hi, None))
         )

@@ -554,7 +554,8 @@ def test_values_loaded_inline_are_what_typed_then_loads_give(strict: bool) -> No
 
     # strict_jsonplus: the lowest LangGraph CI installs has no strict mode
     serde = CompressingSerializer(strict_jsonplus() if strict else JsonPlusSerializer())
-    fast, loads, codec = C.value_readers(serde), C.loader(serde), D.codec(serde)
+    fast, loads = C.value_readers(serde, True), C.loader(serde, True)
+    codec = D.codec(serde)
     assert fast is not None
     raws = [S.encode_blob(serde.dumps_typed(v)) for v in _values()]
     raws += [S.encode_blob(None), b"empty\x00", None]  # no value (both formats), no record
@@ -578,16 +579,38 @@ def test_values_loaded_inline_are_what_typed_then_loads_give(strict: bool) -> No
     assert list(got) == list(want) == list(slow)
     assert repr(got) == repr(want) == repr(slow)
     enc = C.wrap(EncryptedSerializer.from_pycryptodome_aes(key=KEY))
-    assert C.value_readers(enc) is None and C.value_readers(JsonPlusSerializer()) is None
+    assert C.value_readers(enc, True) is None
+    assert C.value_readers(JsonPlusSerializer(), True) is None
+    assert C.value_readers(serde, False) is None  # the safe path: no fast parts
 
 
-def test_loader_of_other_serializers_is_their_loads_typed() -> None:
+def test_fast_paths_without_the_private_names_take_the_public_loader(monkeypatch: Any) -> None:
+    """``fast_paths=True`` where LangGraph no longer has the private names
+    (``_upstream.stock_ext_hook`` finds none): the same one-call loader as
+    ``fast_paths=False``, no fast parts, and heads still read."""
+    from kvsaver import _upstream as U
+
+    monkeypatch.setattr(U, "stock_ext_hook", lambda serde: None)
+    serde = CompressingSerializer()
+    loads = C.loader(serde, True)
+    assert loads != serde.loads_typed
+    for value in _values():
+        typed = serde.dumps_typed(value)
+        assert repr(loads(typed)) == repr(serde.loads_typed(typed)), typed[0]
+    assert C.value_readers(serde, True) is None
+    plain = C.msgpack_loader(serde, True)
+    assert plain is not None
+    assert plain(serde.serde.dumps_typed({"a": [1]})[1]) == {"a": [1]}
+
+
+@pytest.mark.parametrize("fast_paths", [True, False])
+def test_loader_of_other_serializers_is_their_loads_typed(fast_paths: bool) -> None:
     class Sub(JsonPlusSerializer):
         pass
 
     enc = C.wrap(EncryptedSerializer.from_pycryptodome_aes(key=KEY))
     for serde in (JsonPlusSerializer(), CompressingSerializer(Sub()), enc):
-        assert C.loader(serde) == serde.loads_typed
+        assert C.loader(serde, fast_paths) == serde.loads_typed
 
 
 def test_compressors_are_reused_across_short_lived_threads(monkeypatch: Any) -> None:
@@ -673,7 +696,8 @@ def test_compress_small_marks_and_round_trips() -> None:
     fresh = CompressingSerializer()  # no cache: decompresses
     want = JsonPlusSerializer().loads_typed(("msgpack", data))
     assert fresh.loads_typed((typ, packed)) == want
-    assert C.loader(CompressingSerializer())((typ, packed)) == want
+    for fast_paths in (True, False):
+        assert C.loader(CompressingSerializer(), fast_paths)((typ, packed)) == want
     assert fresh.decompress_typed(typ, packed) == ("msgpack", data)
     # too small, large enough for the threshold, never compressing, incompressible
     assert serde.compress_small("msgpack", data[:100]) == ("msgpack", data[:100])

@@ -195,10 +195,10 @@ def test_the_loader_uses_the_fast_hook() -> None:
     typed = serde.dumps_typed([HumanMessage("x" * 5000, id="1"), AIMessage("y")])
     ref = serde.loads_typed(typed)  # the stock hook's objects
     stock_calls = _counting(serde.serde)  # type: ignore[arg-type]
-    loads = C.loader(serde)
+    loads = C.loader(serde, True)
     assert same(loads(typed), ref)
     assert stock_calls == []  # messages: built without the stock hook
-    assert C.loader(serde) is loads  # remembered for this serializer
+    assert C.loader(serde, True) is loads  # remembered for this serializer
 
 
 def test_a_users_own_ext_hook_decides_alone() -> None:
@@ -212,7 +212,7 @@ def test_a_users_own_ext_hook_decides_alone() -> None:
 
     saver_serde = C.CompressingSerializer(JsonPlusSerializer(__unpack_ext_hook__=refuse_all))
     typed = saver_serde.dumps_typed([HumanMessage("hi" * 2000)])
-    assert C.loader(saver_serde)(typed) == [None] == saver_serde.loads_typed(typed)
+    assert C.loader(saver_serde, True)(typed) == [None] == saver_serde.loads_typed(typed)
     assert refused == [EXT_PYDANTIC_V2, EXT_PYDANTIC_V2]
 
 
@@ -273,7 +273,7 @@ def test_fast_hooks_are_not_kept_after_their_serializer() -> None:
     import weakref
 
     serde = C.CompressingSerializer()
-    C.loader(serde)(serde.dumps_typed([HumanMessage("x")]))
+    C.loader(serde, True)(serde.dumps_typed([HumanMessage("x")]))
     gone = weakref.ref(serde.serde._unpack_ext_hook)  # type: ignore[attr-defined]
     del serde
     gc.collect()

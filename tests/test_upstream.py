@@ -90,7 +90,7 @@ def test_the_saver_loads_values_through_the_fast_hook() -> None:
     serde = C.CompressingSerializer()
     stock = U.stock_ext_hook(serde.serde)
     assert stock is not None
-    readers = C.value_readers(serde)
+    readers = C.value_readers(serde, True)
     assert readers is not None
     if HAS_STRICT_MSGPACK:
         assert U.custom_ext_hook(serde.serde) is False

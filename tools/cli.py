@@ -39,7 +39,15 @@ from langchain_core.messages import BaseMessage
 from langgraph.checkpoint.base import CheckpointTuple
 from ormsgpack import MsgpackDecodeError
 
-from .cliutil import Fail, Group, encrypting
+from .cliutil import (
+    Fail,
+    Group,
+    encrypted_option,
+    encrypting,
+    full_option,
+    json_option,
+    store_argument,
+)
 from .migrate_from_sqlite import migrate_command
 from .output import Out, jsonable
 from .output import emit_json as _emit_json
@@ -55,17 +63,9 @@ __all__ = ["cli", "jsonable", "main"]
 
 # -- shared options ----------------------------------------------------------------
 
-_store = click.argument("store")
 _thread = click.argument("thread")
-_json = click.option("--json", "as_json", is_flag=True, help="one JSON document on stdout")
-_full = click.option("--full", is_flag=True, help="do not cut long lines to the terminal's width")
 _ns = click.option(
     "--ns", default=None, metavar="NS", help="checkpoint namespace ('' is the root graph)"
-)
-_encrypted = click.option(
-    "--encrypted",
-    is_flag=True,
-    help="values are encrypted (EncryptedSerializer; key from LANGGRAPH_AES_KEY)",
 )
 
 
@@ -138,12 +138,12 @@ def _thread_json(info: ThreadInfo) -> dict[str, Any]:
 
 
 @cli.command("threads", short_help="Every thread, most recently active first.")
-@_store
+@store_argument
 @click.option("--limit", type=click.IntRange(min=0), metavar="N", help="show the first N")
 @click.option("--match", metavar="SUBSTRING", help="only threads whose id contains it")
-@_json
-@_full
-@_encrypted
+@json_option
+@full_option
+@encrypted_option
 def threads_command(
     store: str, limit: int | None, match: str | None, as_json: bool, full: bool, encrypted: bool
 ) -> None:
@@ -194,13 +194,13 @@ def _entry_json(e: Entry) -> dict[str, Any]:
 
 
 @cli.command("history", short_help="A thread's checkpoints, newest first.")
-@_store
+@store_argument
 @_thread
 @_ns
 @click.option("--limit", type=click.IntRange(min=1), metavar="N", help="the newest N checkpoints")
-@_json
-@_full
-@_encrypted
+@json_option
+@full_option
+@encrypted_option
 def history_command(
     store: str,
     thread: str,
@@ -259,14 +259,14 @@ def _show_value(out: Out, name: str, value: Any, pad: int) -> None:
 
 
 @cli.command("show", short_help="One checkpoint, decoded.")
-@_store
+@store_argument
 @_thread
 @click.argument("checkpoint_id", required=False)
 @_ns
 @click.option("--channel", metavar="NAME", help="only this channel (and its pending writes)")
-@_json
-@_full
-@_encrypted
+@json_option
+@full_option
+@encrypted_option
 def show_command(
     store: str,
     thread: str,
@@ -354,14 +354,14 @@ def _message_diff(a: Any, b: Any) -> tuple[list[Any], list[Any]]:
 
 
 @cli.command("diff", short_help="What changed between two checkpoints.")
-@_store
+@store_argument
 @_thread
 @click.argument("a", metavar="A")
 @click.argument("b", metavar="B")
 @_ns
-@_json
-@_full
-@_encrypted
+@json_option
+@full_option
+@encrypted_option
 def diff_command(
     store: str,
     thread: str,

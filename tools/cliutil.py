@@ -1,5 +1,6 @@
 """What every command line of ``tools/`` shares: click command classes whose
-``main`` returns an exit status, one-line error messages, and ``Fail``.
+``main`` returns an exit status, one-line error messages, ``Fail``, and
+the arguments and options several commands take.
 
 Exit status, for every program: 0 done; 2 a bad argument or a refusal, with
 one line on stderr saying why (``error: ...``); other codes only where a
@@ -21,7 +22,30 @@ from typing import Any
 
 import click
 
-__all__ = ["Command", "Fail", "Group", "encrypting"]
+__all__ = [
+    "Command",
+    "Fail",
+    "Group",
+    "encrypted_option",
+    "encrypting",
+    "full_option",
+    "json_option",
+    "store_argument",
+]
+
+# The arguments and options of the reading commands (``kvsaver`` and
+# ``kvsaver store``).
+store_argument = click.argument("store")
+json_option = click.option("--json", "as_json", is_flag=True, help="one JSON document on stdout")
+full_option = click.option(
+    "--full", is_flag=True, help="do not cut long lines to the terminal's width"
+)
+# ``--encrypted``: the serializer inside ``encrypting``'s EncryptedSerializer.
+encrypted_option = click.option(
+    "--encrypted",
+    is_flag=True,
+    help="values are encrypted (EncryptedSerializer; key from LANGGRAPH_AES_KEY)",
+)
 
 
 class Fail(click.ClickException):

@@ -10,6 +10,10 @@ serializer, behind one small interface whatever the store is.
   ``SqliteSaver`` itself (``langgraph-checkpoint-sqlite``), as its users do;
 - anything else is refused with a one-line reason (``cliutil.Fail``).
 
+``store_kind`` is that decision, also for ``kvsaver store`` (a KVStore opens
+the same stores but a SqliteSaver file), and ``open_readonly`` opens a
+``KVSaver`` or a ``KVStore`` on what it found.
+
 Decoding is strict: LangGraph's default serializer imports and
 calls any class named in the stored data, so a viewer pointed at a store
 someone else wrote would run their code. ``strict_serde()`` is LangGraph's
@@ -30,10 +34,10 @@ from __future__ import annotations
 import heapq
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import ormsgpack
 from kvsaver import KVSaver
@@ -45,16 +49,25 @@ from kvsaver._upstream import SAFE_MSGPACK_METHODS, SAFE_MSGPACK_TYPES
 from kvsaver.kv import KVError
 from kvsaver.kv.file import MAGIC as FILESTORE_MAGIC
 from kvsaver.kv.keys import unpack
+from kvsaver.kv.postgres import is_postgres_url
 from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple
 from langgraph.checkpoint.serde import jsonplus as JP
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from .cliutil import Fail
 
-__all__ = ["Source", "Unallowed", "open_source", "redact", "strict_serde"]
+__all__ = [
+    "Source",
+    "Unallowed",
+    "open_readonly",
+    "open_source",
+    "redact",
+    "store_kind",
+    "strict_serde",
+]
 
+T = TypeVar("T")
 SQLITE_MAGIC = b"SQLite format 3\x00"
-URL_SCHEMES = ("postgresql://", "postgres://")
 _CHUNK = 256  # checkpoint records per read transaction in history
 
 
@@ -431,26 +444,58 @@ def _head(path: str) -> bytes:
         raise Fail(f"cannot read {path}: {e.strerror or e}") from None
 
 
-def open_source(store: str, *, serde: SerializerProtocol | None = None) -> Source:
-    """Open STORE read-only (see the module docstring for what STORE may be)."""
-    serde = strict_serde() if serde is None else serde
-    if store.startswith(URL_SCHEMES):
-        return KVSource(_open_kv(store, serde, url=True), redact(store))
+def store_kind(store: str) -> str:
+    """What STORE is (see the module docstring): ``"postgres"``, ``"lmdb"``
+    (a directory holding ``data.mdb``), ``"file"`` (a FileStore file),
+    ``"sqlite"``, or ``""`` for a file of none of these, which the caller
+    refuses, naming what it reads. A directory without ``data.mdb``, a
+    missing path or an unreadable file is refused here."""
+    if is_postgres_url(store):
+        return "postgres"
     if os.path.isdir(store):
         if not os.path.isfile(os.path.join(store, "data.mdb")):
-            raise Fail(f"{store} is not a KVSaver store (a directory without data.mdb)")
-        return KVSource(_open_kv(store, serde), store)
+            raise Fail(f"{store} is not a kvsaver store (a directory without data.mdb)")
+        return "lmdb"
     if not os.path.exists(store):
         raise Fail(f"{store}: no such file or directory")
     head = _head(store)
     if head.startswith(FILESTORE_MAGIC):
-        return KVSource(_open_kv(store, serde, backend="file"), store)
+        return "file"
     if head.startswith(SQLITE_MAGIC):
+        return "sqlite"
+    return ""
+
+
+def open_readonly(open_: Callable[..., T], store: str, kind: str, **kw: Any) -> T:
+    """``open_(store, readonly=True, **kw)`` (``KVSaver`` or ``KVStore``) for
+    a STORE whose ``store_kind`` is ``kind`` (``"postgres"``, ``"lmdb"`` or
+    ``"file"``); what it refuses is a one-line error."""
+    if kind == "postgres":
+        # A person waits at the prompt: a server that is not there is said in
+        # seconds, not after the pool's 30 s of retries.
+        kw = {"connect_timeout": 5, "pool_timeout": 5, **kw}
+    elif kind == "file":
+        kw = {"backend": "file", **kw}
+    try:
+        return open_(store, readonly=True, **kw)
+    except (KVError, ValueError, OSError) as e:
+        where = redact(store) if kind == "postgres" else store
+        raise Fail(f"cannot open {where}: {' '.join(str(e).split())}") from None
+
+
+def open_source(store: str, *, serde: SerializerProtocol | None = None) -> Source:
+    """Open STORE read-only (see the module docstring for what STORE may be)."""
+    serde = strict_serde() if serde is None else serde
+    kind = store_kind(store)
+    if kind == "sqlite":
         return SqliteSource(_open_sqlite(store, serde), store)
-    raise Fail(
-        f"{store} is not a store kvsaver reads (an LMDB directory, a FileStore file, "
-        "a SqliteSaver .sqlite file or a postgresql:// URL)"
-    )
+    if not kind:
+        raise Fail(
+            f"{store} is not a store kvsaver reads (an LMDB directory, a FileStore file, "
+            "a SqliteSaver .sqlite file or a postgresql:// URL)"
+        )
+    saver = open_readonly(KVSaver, store, kind, serde=serde)
+    return KVSource(saver, redact(store) if kind == "postgres" else store)
 
 
 def redact(url: str) -> str:
@@ -461,18 +506,6 @@ def redact(url: str) -> str:
         return url
     user = creds.split(":", 1)[0]
     return f"{scheme}://{user}@{host}"
-
-
-def _open_kv(store: str, serde: SerializerProtocol, *, url: bool = False, **kw: Any) -> KVSaver:
-    if url:
-        # A person waits at the prompt: a server that is not there is said in
-        # seconds, not after the pool's 30 s of retries.
-        kw = {"connect_timeout": 5, "pool_timeout": 5, **kw}
-    try:
-        return KVSaver(store, readonly=True, serde=serde, **kw)
-    except (KVError, ValueError, OSError) as e:
-        where = redact(store) if url else store
-        raise Fail(f"cannot open {where}: {' '.join(str(e).split())}") from None
 
 
 def _open_sqlite(path: str, serde: SerializerProtocol) -> BaseCheckpointSaver[Any]:

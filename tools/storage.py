@@ -57,7 +57,7 @@ from kvsaver.kv import KVError, PostgresStore
 from kvsaver.kv.lmdb import compact_lmdb
 from kvsaver.kv.postgres import is_postgres_url
 
-from .cliutil import Command, Fail, Group, encrypting, module_prog
+from .cliutil import Command, Fail, Group, encrypted_option, encrypting, module_prog
 
 
 @contextmanager
@@ -258,7 +258,7 @@ def stats_command(**params: Any) -> int:
     is_flag=True,
     help="only threads idle past the TTL or written since the last sweep",
 )
-@click.option("--encrypted", is_flag=True, help="key from LANGGRAPH_AES_KEY")
+@encrypted_option
 @_json
 @_backend
 @_quiet

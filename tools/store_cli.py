@@ -41,12 +41,11 @@ from typing import Any
 
 import click
 from kvsaver.kv import KVError
-from kvsaver.kv.file import MAGIC as FILESTORE_MAGIC
 from langgraph.store.base import InvalidNamespaceError, Item, SearchItem
 
-from .cliutil import Fail, Group
+from .cliutil import Fail, Group, full_option, json_option, store_argument
 from .output import Out, emit_json, jsonable, text
-from .sources import URL_SCHEMES, redact
+from .sources import open_readonly, redact, store_kind
 
 __all__ = ["format_namespace", "parse_namespace", "store_group"]
 
@@ -84,40 +83,17 @@ def format_namespace(labels: Sequence[str]) -> str:
 # -- opening -----------------------------------------------------------------------
 
 
-def _is_url(store: str) -> bool:
-    return store.startswith(URL_SCHEMES)
-
-
 def open_kvstore(store: str, index: Any = None) -> Any:
     """STORE as a read-only KVStore (see the module docstring for what it may be)."""
     from kvsaver import KVStore
 
-    options: dict[str, Any] = {}
-    if _is_url(store):
-        # A person waits at the prompt: a missing server is said in seconds.
-        options = {"connect_timeout": 5, "pool_timeout": 5}
-    elif os.path.isdir(store):
-        if not os.path.isfile(os.path.join(store, "data.mdb")):
-            raise Fail(f"{store} is not a kvsaver store (a directory without data.mdb)")
-    elif not os.path.exists(store):
-        raise Fail(f"{store}: no such file or directory")
-    else:
-        try:
-            with open(store, "rb") as f:
-                head = f.read(len(FILESTORE_MAGIC))
-        except OSError as e:
-            raise Fail(f"cannot read {store}: {e.strerror or e}") from None
-        if head != FILESTORE_MAGIC:
-            raise Fail(
-                f"{store} is not a store KVStore opens (an LMDB directory, a FileStore file "
-                "or a postgresql:// URL)"
-            )
-        options = {"backend": "file"}
-    try:
-        return KVStore(store, readonly=True, index=index, **options)
-    except (KVError, ValueError, OSError) as e:
-        where = redact(store) if _is_url(store) else store
-        raise Fail(f"cannot open {where}: {' '.join(str(e).split())}") from None
+    kind = store_kind(store)
+    if kind not in ("postgres", "lmdb", "file"):
+        raise Fail(
+            f"{store} is not a store KVStore opens (an LMDB directory, a FileStore file "
+            "or a postgresql:// URL)"
+        )
+    return open_readonly(KVStore, store, kind, index=index)
 
 
 @contextmanager
@@ -192,10 +168,6 @@ def _item_json(item: Item) -> dict[str, Any]:
 
 # -- the commands -------------------------------------------------------------------
 
-_store = click.argument("store")
-_json = click.option("--json", "as_json", is_flag=True, help="one JSON document on stdout")
-_full = click.option("--full", is_flag=True, help="do not cut long lines to the terminal's width")
-
 
 @click.group("store", cls=Group, short_help="Look inside a KVStore (long-term memory).")
 def store_group() -> None:
@@ -206,14 +178,14 @@ def store_group() -> None:
 
 
 @store_group.command("ls", short_help="Namespaces, in order.")
-@_store
+@store_argument
 @click.argument("prefix", required=False, default="")
 @click.option(
     "--max-depth", type=click.IntRange(min=1), metavar="N", help="cut namespaces to N labels"
 )
 @click.option("--limit", type=click.IntRange(min=0), metavar="N", help="the first N (default: all)")
-@_json
-@_full
+@json_option
+@full_option
 def ls_command(
     store: str, prefix: str, max_depth: int | None, limit: int | None, as_json: bool, full: bool
 ) -> None:
@@ -234,11 +206,11 @@ def ls_command(
 
 
 @store_group.command("get", short_help="One item.")
-@_store
+@store_argument
 @click.argument("namespace")
 @click.argument("key")
-@_json
-@_full
+@json_option
+@full_option
 def get_command(store: str, namespace: str, key: str, as_json: bool, full: bool) -> None:
     """The item KEY of NAMESPACE: its value and times."""
     labels = parse_namespace(namespace)
@@ -276,7 +248,7 @@ def _filter(arg: str | None) -> dict[str, Any] | None:
 
 
 @store_group.command("search", short_help="Items under a prefix: filtered, or ranked by a query.")
-@_store
+@store_argument
 @click.argument("prefix", required=False, default="")
 @click.option("--query", metavar="TEXT", help="rank by meaning (needs --embed)")
 @click.option(
@@ -287,8 +259,8 @@ def _filter(arg: str | None) -> dict[str, Any] | None:
 @click.option("--filter", "filter_json", metavar="JSON", help='e.g. \'{"kind": "note"}\'')
 @click.option("--limit", type=click.IntRange(min=0), default=10, show_default=True, metavar="N")
 @click.option("--offset", type=click.IntRange(min=0), default=0, show_default=True, metavar="N")
-@_json
-@_full
+@json_option
+@full_option
 def search_command(
     store: str,
     prefix: str,

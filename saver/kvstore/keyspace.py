@@ -22,7 +22,8 @@ from typing import Any, NamedTuple
 import ormsgpack
 from kvsaver.kv.keys import INT_ZERO, pack, prefix_range, unpack
 
-from ..keyspace import _el, k
+from ..keyspace import STORE, _el, k, store_range
+from ..keyspace import STORE_ITEM as ITEM
 
 __all__ = [
     "EXPIRY",
@@ -53,11 +54,10 @@ __all__ = [
     "store_range",
 ]
 
-STORE = "s"  # the first element of every KVStore key
 SCHEMA_KEY = pack((STORE, "schema"))
 NS = "n"  # ("s", "n", *label elements) -> [ns id, [labels], ttl]
 NS_ID = "N"  # ("s", "N", ns id) -> [labels]
-ITEM = "i"  # ("s", "i", ns id, key element) -> ItemRecord
+# ITEM (saver/keyspace.STORE_ITEM): ("s", "i", ns id, key element) -> ItemRecord
 ORDER = "o"  # ("s", "o", ns id, seq) -> the item's key element (packed)
 EXPIRY = "x"  # ("s", "x", expires ms, ns id, seq) -> the item's key element (packed)
 # 1: ("s", "k", ns id, key) -> seq and ("s", "i", ns id, seq) -> record, a get
@@ -65,11 +65,6 @@ EXPIRY = "x"  # ("s", "x", expires ms, ns id, seq) -> the item's key element (pa
 FORMAT = 2
 
 _NS_BUDGET = 400  # bytes of label elements in a namespace key (LMDB keys: 511)
-
-
-def store_range() -> tuple[bytes, bytes]:
-    """Every key of the store keyspace (what KVSaver skips)."""
-    return prefix_range((STORE,))
 
 
 def namespace_elements(labels: Sequence[str], budget: int = _NS_BUDGET) -> tuple[list[Any], bool]:

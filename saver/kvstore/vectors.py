@@ -39,7 +39,7 @@ from kvsaver.kv.store import MissingDependencyError, Txn
 from langgraph.store.base import IndexConfig
 from langgraph.store.base.embed import ensure_embeddings, get_text_at_path, tokenize_path
 
-from ..keyspace import k
+from ..keyspace import STORE, k
 from .keyspace import namespace_elements
 
 if TYPE_CHECKING:
@@ -47,7 +47,6 @@ if TYPE_CHECKING:
 
 __all__ = ["LOG_KEEP", "Vectors"]
 
-STORE = "s"
 VECTORS = "v"
 _RECORD = "e"
 _COUNTER = "n"

@@ -16,7 +16,6 @@ from typing import Any
 
 import ormsgpack
 from kvsaver.kv import KVError, Txn
-from kvsaver.kv.keys import prefix_range
 from kvsaver.kv.postgres import is_postgres_url
 from langgraph.checkpoint.base import SerializerProtocol
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
@@ -122,7 +121,7 @@ def _check_pickled(src: _Source, source: SerializerProtocol, dest: SerializerPro
 def _first_foreign(store: Any, is_ours: Callable[[str, str, str], bool]) -> str | None:
     """The first checkpoint in the store that ``is_ours`` does not claim, as text."""
     with store.read() as txn:
-        for _, raw in txn.scan(*prefix_range((S.CHECKPOINT,))):
+        for _, raw in txn.scan(*S.keyspace_range(S.CHECKPOINT)):
             rec = S.decode_checkpoint(raw)
             if not is_ours(rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id):
                 return _describe(rec.thread_id, rec.checkpoint_ns, rec.checkpoint_id)
