@@ -47,7 +47,7 @@ else
         tests/test_postgres.py tests/test_processes.py tests/test_saver_restart.py
         tests/test_kvstore.py tests/test_kvstore_differential.py tests/test_kvstore_graph.py
         tests/test_kvstore_processes.py tests/test_kvstore_upstream.py
-        tests/test_kvstore_upstream_sqlite.py tests/test_kvstore_upstream_postgres.py
+        tests/test_kvstore_upstream_sqlite.py
         tests/test_kvstore_vectors.py)
     REST=()
     for f in tests/test_*.py; do
