@@ -289,7 +289,9 @@ class KVSaver(BaseCheckpointSaver[str], AbstractContextManager, AbstractAsyncCon
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self.close()
+        # close() waits for the calls in progress and the waiting heads:
+        # in a thread, so the event loop's other tasks go on meanwhile
+        await asyncio.to_thread(self.close)
 
     # -- reads --------------------------------------------------------------
 

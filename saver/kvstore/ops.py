@@ -17,23 +17,23 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 import ormsgpack
 from kvsaver.kv.keys import unpack
 from kvsaver.kv.store import Txn
-from langgraph.store.base import GetOp, Item, ListNamespacesOp, SearchItem, SearchOp
+from langgraph.store.base import GetOp, Item, ListNamespacesOp, Op, SearchItem, SearchOp
 
 from . import checks as CK
 from . import keyspace as KS
 from .vectors import delete_vectors
 
 if TYPE_CHECKING:
-    from .store import Plan, Put
     from .vectors import Vectors
 
-__all__ = ["Run"]
+__all__ = ["Plan", "Put", "Run"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _Hit = tuple[int, bytes, KS.ItemRecord]  # ns id, key element, record
@@ -51,6 +51,30 @@ _value = operator.itemgetter(1)
 
 def when(us: int) -> datetime:
     return _EPOCH + timedelta(0, 0, us)  # positional: a third of the keyword call's cost
+
+
+@dataclass
+class Put:
+    """A put or delete (``value`` None) as checked: the value packed, and
+    the texts its vectors are made of (filled in by ``_embed``)."""
+
+    namespace: tuple[str, ...]
+    key: str
+    value: bytes | None
+    ttl: float | None
+    texts: list[tuple[str, str]] = field(default_factory=list)
+    vectors: list[tuple[str, list[float]]] | None = None
+
+
+@dataclass
+class Plan:
+    ops: list[Op]
+    puts: dict[tuple[tuple[str, ...], str], Put]
+    queries: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def writes(self) -> bool:
+        return bool(self.puts)
 
 
 class Run:

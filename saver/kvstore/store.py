@@ -17,7 +17,6 @@ import math
 import os
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 from kvsaver.kv.store import FormatVersionError, Store
@@ -40,35 +39,11 @@ from ..pool import Pool
 from . import checks as CK
 from . import keyspace as KS
 from . import ttl as TTL
-from .ops import Run
+from .ops import Plan, Put, Run
 
 __all__ = ["KVStore"]
 
 _CACHE_MAX = 16384  # namespace ids kept (they never change once committed)
-
-
-@dataclass
-class Put:
-    """A put or delete (``value`` None) as checked: the value packed, and
-    the texts its vectors are made of (filled in by ``_embed``)."""
-
-    namespace: tuple[str, ...]
-    key: str
-    value: bytes | None
-    ttl: float | None
-    texts: list[tuple[str, str]] = field(default_factory=list)
-    vectors: list[tuple[str, list[float]]] | None = None
-
-
-@dataclass
-class Plan:
-    ops: list[Op]
-    puts: dict[tuple[tuple[str, ...], str], Put]
-    queries: dict[str, list[float]] = field(default_factory=dict)
-
-    @property
-    def writes(self) -> bool:
-        return bool(self.puts)
 
 
 class KVStore(BaseStore):
