@@ -66,12 +66,12 @@ def put(
     """What KVStore does around a put: embed first, then write in the txn."""
     if value is None:
         with store.write() as txn:
-            vectors.delete(txn, ns, key)
+            vmod.delete_vectors(txn, ns, key)
         return
     texts = vectors.texts(value, index)
     embedded = vectors.embed_texts([t for _, t in texts])
     with store.write() as txn:
-        vectors.write(txn, ns, key, [(f, v) for (f, _), v in zip(texts, embedded)])
+        vectors.write(txn, ns, key, [(f, v) for (f, _), v in zip(texts, embedded)], stored=True)
 
 
 def ranked(store: Store, vectors: Vectors, query: str, prefix: tuple[str, ...] = ()) -> list:
@@ -163,7 +163,7 @@ def test_dims_mismatch_from_embed_is_a_clear_error(kv: Store) -> None:
     with pytest.raises(ValueError, match=f"vector of {DIMS + 1} dims.*dims={DIMS}"):
         vectors.embed_query("x")
     with pytest.raises(ValueError, match="dims"), kv.write() as txn:
-        vectors.write(txn, ("n",), "k", [("$", [0.5] * (DIMS - 1))])
+        vectors.write(txn, ("n",), "k", [("$", [0.5] * (DIMS - 1))], stored=True)
     with kv.read() as txn:
         assert list(txn.scan()) == []
 
@@ -432,9 +432,15 @@ def test_a_search_in_a_write_transaction_sees_its_writes_and_a_rollback_leaves_n
                 value = {"t": f"x{i}"}
                 texts = vectors.texts(value, None)
                 embedded = vectors.embed_texts([t for _, t in texts])
-                vectors.write(txn, ("a",), f"k{i}", [(f, v) for (f, _), v in zip(texts, embedded)])
+                vectors.write(
+                    txn,
+                    ("a",),
+                    f"k{i}",
+                    [(f, v) for (f, _), v in zip(texts, embedded)],
+                    stored=True,
+                )
                 inside[(("a",), f"k{i}")] = embedded
-            vectors.delete(txn, ("a",), "k0")
+            vmod.delete_vectors(txn, ("a",), "k0")
             del inside[(("a",), "k0")]
             q = fake_vector("x3")
             check_ranked(list(vectors.ranked(txn, q, ())), brute_force(inside, q, ()))
@@ -665,7 +671,7 @@ def test_a_prefix_past_the_budget_read_from_the_transaction_is_filtered(tmp_path
     vectors = Vectors(config(Embedder()))  # type: ignore[arg-type]
     with LMDBStore(tmp_path / "db") as store, store.write() as txn:
         for ns in (deep, sibling):
-            vectors.write(txn, ns, "k", [("$", fake_vector("q"))])
+            vectors.write(txn, ns, "k", [("$", fake_vector("q"))], stored=True)
         assert {ns for ns, _, _ in vectors.ranked(txn, fake_vector("q"), deep)} == {deep}
         assert {ns for ns, _, _ in vectors.ranked(txn, fake_vector("q"), deep[:5])} == {
             deep,

@@ -426,9 +426,6 @@ class Run:
         self._next_seq[ns_id] = seq + 1
         return seq
 
-    def remove(self, ns: tuple[str, ...], ns_id: int, el: bytes, rec: KS.ItemRecord) -> None:
-        remove_item(self.txn, self.vectors, ns, ns_id, el, rec)
-
     def _store(self, ns_id: int, el: bytes, rec: KS.ItemRecord, old: KS.ItemRecord | None) -> None:
         old_expires = None if old is None else old.expires_ms
         if old_expires is not None and old_expires != rec.expires_ms:
@@ -445,7 +442,7 @@ class Run:
             ns_id = self._new_ns(p.namespace, p.ttl is not None)
         hit = None if ns_id in self._made else self.lookup(ns_id, p.key)
         if hit is not None and (p.value is None or not self.live(hit[1])):
-            self.remove(p.namespace, ns_id, *hit)
+            remove_item(self.txn, p.namespace, ns_id, *hit)
             hit = None
         if p.value is None:
             return
@@ -511,7 +508,6 @@ class Run:
 
 def remove_item(
     txn: Txn,
-    vectors: Vectors | None,
     ns: tuple[str, ...] | None,
     ns_id: int,
     el: bytes,

@@ -362,7 +362,7 @@ class KVStore(BaseStore):
     def sweep_ttl(self) -> int:
         """Delete the items whose TTL has passed (through the expiry index);
         the number deleted. What ``kvsaver sweep`` runs on a store."""
-        return TTL.sweep(self.store, self._vectors)
+        return TTL.sweep(self.store)
 
     async def asweep_ttl(self) -> int:
         return int(await self._run(self.sweep_ttl))

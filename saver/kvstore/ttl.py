@@ -10,15 +10,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from kvsaver.kv.store import Store, Txn
 
 from . import keyspace as KS
 from .ops import remove_item
-
-if TYPE_CHECKING:
-    from .vectors import Vectors
 
 __all__ = ["Sweeper", "sweep"]
 
@@ -27,31 +23,29 @@ log = logging.getLogger("kvsaver.kvstore")
 _CHUNK = 256  # expired items per write transaction: a sweep never holds the writer long
 
 
-def sweep(store: Store, vectors: Vectors | None, now_ms: int | None = None) -> int:
+def sweep(store: Store, now_ms: int | None = None) -> int:
     """Delete every item expired at ``now_ms`` (default: now), with its index
     entries and vectors, a chunk per transaction; the number deleted."""
     at = int(time.time() * 1000) if now_ms is None else now_ms
     total = 0
     while True:
-        n = store.transact(lambda txn: _sweep_chunk(txn, vectors, at))
+        n = store.transact(lambda txn: _sweep_chunk(txn, at))
         total += n
         if n < _CHUNK:
             return total
 
 
-def _sweep_chunk(txn: Txn, vectors: Vectors | None, at: int) -> int:
+def _sweep_chunk(txn: Txn, at: int) -> int:
     n = 0
     for key, el in list(txn.scan(*KS.expiry_range(at), limit=_CHUNK)):
         expires, ns_id, seq = KS.expiry_ids(key)
-        txn.delete(key)
         n += 1
         raw = txn.get(KS.item_key(ns_id, el))
-        if raw is None:
-            continue
-        rec = KS.decode_item(raw)
-        if rec.expires_ms != expires or rec.seq != seq:
-            continue  # refreshed since (its own entry is elsewhere in the index), or another
-        remove_item(txn, vectors, None, ns_id, el, rec)
+        rec = None if raw is None else KS.decode_item(raw)
+        if rec is not None and rec.expires_ms == expires and rec.seq == seq:
+            remove_item(txn, None, ns_id, el, rec)  # this entry goes with it
+        else:  # refreshed since (its own entry is elsewhere in the index), or gone
+            txn.delete(key)
     return n
 
 

@@ -203,7 +203,7 @@ class Vectors:
         ns: tuple[str, ...],
         key: str,
         vectors: list[tuple[str, list[float]]],
-        stored: bool = True,
+        stored: bool,
     ) -> None:
         """Replaces the item's vectors with these ([] removes them);
         ``stored`` False: the item has none stored (new, or put without),
@@ -221,9 +221,6 @@ class Vectors:
         for rkey, vec, field in records:
             txn.put(rkey, ormsgpack.packb([nsl, key, field, vec]))
         _logged(txn, ns, key)
-
-    def delete(self, txn: Txn, ns: tuple[str, ...], key: str) -> None:
-        delete_vectors(txn, ns, key)
 
     # -- search ----------------------------------------------------------------
 
