@@ -20,6 +20,7 @@ __all__ = [
     "matches",
     "namespace_matches",
     "pack_value",
+    "unmet",
 ]
 
 OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"})
@@ -223,3 +224,15 @@ def literal_prefix(conditions: Sequence[MatchCondition] | None) -> tuple[str, ..
         if len(lit) > len(best):
             best = tuple(lit)
     return best
+
+
+def unmet(
+    conditions: Sequence[MatchCondition] | None, prefix: tuple[str, ...]
+) -> list[MatchCondition]:
+    """The conditions a namespace under ``prefix`` may still fail: all but
+    the prefix conditions without a wildcard that ``prefix`` starts with."""
+    return [
+        c
+        for c in conditions or ()
+        if not (c.match_type == "prefix" and "*" not in c.path and prefix[: len(c.path)] == c.path)
+    ]

@@ -342,14 +342,7 @@ class Run:
         prefix = CK.literal_prefix(conditions)
         start, stop, _ = KS.namespace_prefix_range(prefix)
         n, depth, want = len(prefix), op.max_depth, op.offset + op.limit
-        # prefix conditions without a wildcard that the range meets: met
-        rest = [
-            c
-            for c in conditions or ()
-            if not (
-                c.match_type == "prefix" and "*" not in c.path and prefix[: len(c.path)] == c.path
-            )
-        ]
+        rest = CK.unmet(conditions, prefix)
         found: set[tuple[str, ...]] = set()
         ordered = True
         records = self.txn.scan(start, stop)
