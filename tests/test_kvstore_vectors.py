@@ -168,13 +168,18 @@ def test_dims_mismatch_from_embed_is_a_clear_error(kv: Store) -> None:
         assert list(txn.scan()) == []
 
 
+def f32(v: list[float]) -> list[float]:
+    return [float(x) for x in np.asarray(v, dtype=np.float32)]
+
+
 async def test_async_embedder_and_count_check() -> None:
     async def aembed(texts: list[str]) -> list[list[float]]:
         return [fake_vector(t) for t in texts]
 
     vectors = Vectors(config(aembed))  # type: ignore[arg-type]
-    assert await vectors.aembed_texts(["a", "b"]) == [fake_vector("a"), fake_vector("b")]
-    assert await vectors.aembed_query("q") == fake_vector("q")
+    got = await vectors.aembed_texts(["a", "b"])  # as float32 arrays, checked
+    assert [v.tolist() for v in got] == [f32(fake_vector("a")), f32(fake_vector("b"))]
+    assert (await vectors.aembed_query("q")).tolist() == f32(fake_vector("q"))
     short = Vectors(config(lambda texts: [fake_vector("x")]))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="returned 1 vectors for 2 texts"):
         short.embed_texts(["a", "b"])

@@ -31,6 +31,8 @@ from . import keyspace as KS
 from .vectors import delete_vectors
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from .vectors import Vectors
 
 __all__ = ["Plan", "Put", "Run"]
@@ -63,14 +65,14 @@ class Put:
     value: bytes | None
     ttl: float | None
     texts: list[tuple[str, str]] = field(default_factory=list)
-    vectors: list[tuple[str, list[float]]] | None = None
+    vectors: list[tuple[str, np.ndarray]] | None = None
 
 
 @dataclass
 class Plan:
     ops: list[Op]
     puts: dict[tuple[tuple[str, ...], str], Put]
-    queries: dict[str, list[float]] = field(default_factory=dict)
+    queries: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def writes(self) -> bool:
@@ -222,7 +224,7 @@ class Run:
             updated_at=created if rec.updated_us == rec.created_us else when(rec.updated_us),
         )
 
-    def search(self, op: SearchOp, query: list[float] | None) -> list[SearchItem]:
+    def search(self, op: SearchOp, query: np.ndarray | None) -> list[SearchItem]:
         spaces = self.namespaces(op.namespace_prefix)
         labels = {ns_id: ns for ns_id, ns, _ in spaces}
         if query is not None and self.vectors is not None:
@@ -286,7 +288,7 @@ class Run:
                     return out
         return out
 
-    def _ranked(self, op: SearchOp, query: list[float], spaces: list[_Space]) -> list[_Found]:
+    def _ranked(self, op: SearchOp, query: np.ndarray, spaces: list[_Space]) -> list[_Found]:
         """InMemoryStore's order: items with vectors by their best score
         (ties, within ``_TIE``, in insertion order), ``offset`` skipped and ``limit`` kept;
         then, while fewer than ``limit``, items without vectors in order."""

@@ -17,7 +17,7 @@ import math
 import os
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from kvsaver.kv.store import FormatVersionError, Store
 from langgraph.store.base import (
@@ -40,6 +40,9 @@ from . import checks as CK
 from . import keyspace as KS
 from . import ttl as TTL
 from .ops import Plan, Put, Run
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["KVStore"]
 
@@ -217,7 +220,7 @@ class KVStore(BaseStore):
         return texts, queries
 
     def _embedded(
-        self, plan: Plan, vectors: list[list[float]], queries: dict[str, list[float]]
+        self, plan: Plan, vectors: list[np.ndarray], queries: dict[str, np.ndarray]
     ) -> None:
         it = iter(vectors)
         for p in plan.puts.values():

@@ -158,31 +158,30 @@ class Vectors:
                 out.append((path, found[0]))
         return out
 
-    def embed_texts(self, texts: list[str]) -> list[list[float]]:
+    def embed_texts(self, texts: list[str]) -> list[np.ndarray]:
         if not texts:
             return []
         return self._checked(self.embeddings.embed_documents(texts), len(texts))
 
-    async def aembed_texts(self, texts: list[str]) -> list[list[float]]:
+    async def aembed_texts(self, texts: list[str]) -> list[np.ndarray]:
         if not texts:
             return []
         return self._checked(await self.embeddings.aembed_documents(texts), len(texts))
 
-    def embed_query(self, query: str) -> list[float]:
+    def embed_query(self, query: str) -> np.ndarray:
         return self._checked([self.embeddings.embed_query(query)], 1)[0]
 
-    async def aembed_query(self, query: str) -> list[float]:
+    async def aembed_query(self, query: str) -> np.ndarray:
         return self._checked([await self.embeddings.aembed_query(query)], 1)[0]
 
-    def _checked(self, vectors: Sequence[Sequence[float]], n: int) -> list[list[float]]:
+    def _checked(self, vectors: Sequence[Sequence[float]], n: int) -> list[np.ndarray]:
+        """The embedder's vectors as checked float32 arrays: converted once
+        here, written and ranked as they are."""
         if len(vectors) != n:
             raise ValueError(f"the embedder returned {len(vectors)} vectors for {n} texts")
-        out = [list(v) for v in vectors]
-        for v in out:
-            self._vector(v)
-        return out
+        return [self._vector(v) for v in vectors]
 
-    def _vector(self, v: Sequence[float]) -> np.ndarray:
+    def _vector(self, v: Sequence[float] | np.ndarray) -> np.ndarray:
         """``v`` as float32, checked: dims as configured, finite."""
         np = self._np
         arr = np.asarray(v, dtype=np.float32)
@@ -202,7 +201,7 @@ class Vectors:
         txn: Txn,
         ns: tuple[str, ...],
         key: str,
-        vectors: list[tuple[str, list[float]]],
+        vectors: Sequence[tuple[str, Sequence[float] | np.ndarray]],
         stored: bool,
     ) -> None:
         """Replaces the item's vectors with these ([] removes them);
@@ -233,7 +232,7 @@ class Vectors:
             )
         return tuple(ns), key, field, vec
 
-    def query_vector(self, query: Sequence[float]) -> np.ndarray:
+    def query_vector(self, query: Sequence[float] | np.ndarray) -> np.ndarray:
         """The query as a unit float32 vector (zero stays zero: every score 0)."""
         q = self._vector(query)
         norm = float(self._np.linalg.norm(q))
@@ -260,7 +259,7 @@ class Vectors:
         return _Rows(unit_rows(np, matrix.reshape(len(blobs), self.dims)), ties, items)
 
     def ranked(
-        self, txn: Txn, query: list[float], ns_prefix: tuple[str, ...]
+        self, txn: Txn, query: Sequence[float] | np.ndarray, ns_prefix: tuple[str, ...]
     ) -> Iterator[tuple[tuple[str, ...], str, float]]:
         """(namespace, key, score) of every item under ``ns_prefix`` that has a
         vector, best first; ties in key order. Scored on this process's
