@@ -1906,3 +1906,39 @@ def test_an_interrupt_while_waiting_for_the_server_discards_the_connection(
             assert txn.get(b"k") == b"3"
     finally:
         store.close()
+
+
+def test_speculation_cache_forgets_exactly_a_ranges_keys() -> None:
+    """The cache against a plain dict of what it should hold: learning a
+    range (a delete_range's) drops the cached keys inside it and no others,
+    through evictions, keys evicted then learned again, and the rebuilds of
+    its key order; its size stays the sum of its entries' costs."""
+    import random
+
+    from kvsaver.kv.postgres.cache import _Cache
+
+    rnd = random.Random(7)
+    cache = _Cache(max_bytes=40_000)
+    keys = [bytes([a, b]) for a in range(40) for b in range(250)]
+    order, rebuilds = cache.order, 0
+    for step in range(3000):
+        known = {k: bytes(rnd.randrange(60)) for k in rnd.sample(keys, rnd.randrange(1, 12))}
+        ranges = []
+        if step % 5 == 0:
+            lo = bytes([rnd.randrange(40), rnd.randrange(250)])
+            hi = None if step % 700 == 0 else bytes([lo[0], min(lo[1] + rnd.randrange(1, 40), 255)])
+            ranges.append((None if step % 1000 == 0 else lo, hi))
+        before = dict(cache.items)
+        cache.learn(known, ranges)
+        rebuilds += cache.order is not order
+        order = cache.order
+        for k in before:
+            inside = any((a is None or k >= a) and (b is None or k < b) for a, b in ranges)
+            if inside and k not in known:
+                assert k not in cache.items, (step, k)
+        for k, v in known.items():
+            assert cache.items.get(k, v) == v  # learned, or evicted since (oldest first)
+        assert cache.size == sum(cache._cost(k, v) for k, v in cache.items.items())
+        assert cache.size <= cache.max_bytes
+        assert set(cache.items) <= set(cache.order)
+    assert rebuilds > 3  # the key order was rebuilt, and checked after

@@ -11,6 +11,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from sortedcontainers import SortedList
+
 _CACHE_BYTES = 8 << 20  # the cache of committed values that transact speculates from
 _CACHE_ENTRY = 256 << 10  # a longer value is not cached (a read of it is not speculated)
 _BIG = object()  # a key whose value is too long to cache: never guessed
@@ -28,6 +30,11 @@ class _Cache:
         self.max_bytes = max_bytes
         self.size = 0
         self.items: OrderedDict[bytes, Any] = OrderedDict()
+        # The keys in key order, so that a range's entries are found by
+        # bisection, not by a walk over every entry. Keys that left the cache
+        # stay here until the list is rebuilt (twice as long as the cache):
+        # a put's learning pays one insertion a new key, nothing per eviction.
+        self.order = SortedList()
         self.lock = threading.Lock()
 
     @staticmethod
@@ -48,10 +55,13 @@ class _Cache:
 
     def learn(self, known: dict[bytes, bytes | None], ranges: Sequence[Any]) -> None:
         with self.lock:
-            items = self.items
-            if ranges:
-                for k in [k for k in items if any(_inside(k, a, b) for a, b in ranges)]:
-                    self.size -= self._cost(k, items.pop(k))
+            items, order = self.items, self.order
+            for a, b in ranges:
+                for k in list(order.irange(a, b, inclusive=(True, False))):
+                    order.discard(k)
+                    v = items.pop(k, _MISSING)
+                    if v is not _MISSING:
+                        self.size -= self._cost(k, v)
             size = self.size
             pop = items.pop
             for k, value in known.items():  # _cost, inline: a put learns a dozen keys
@@ -61,6 +71,7 @@ class _Cache:
                 old = pop(k, _MISSING)
                 if old is _MISSING:
                     size += 64 + len(k)
+                    order.add(k)
                 elif type(old) is bytes:
                     size -= len(old)
                 items[k] = v
@@ -70,6 +81,8 @@ class _Cache:
             while self.size > self.max_bytes and items:
                 k, v = items.popitem(last=False)
                 self.size -= self._cost(k, v)
+            if len(order) > 2 * len(items) + 1024:
+                self.order = SortedList(items)
 
     def forget(self, keys: Sequence[bytes]) -> None:
         with self.lock:
