@@ -59,9 +59,9 @@ class _Cache:
             for a, b in ranges:
                 for k in list(order.irange(a, b, inclusive=(True, False))):
                     order.discard(k)
-                    v = items.pop(k, _MISSING)
-                    if v is not _MISSING:
-                        self.size -= self._cost(k, v)
+                    gone = items.pop(k, _MISSING)
+                    if gone is not _MISSING:
+                        self.size -= self._cost(k, gone)
             size = self.size
             pop = items.pop
             for k, value in known.items():  # _cost, inline: a put learns a dozen keys
