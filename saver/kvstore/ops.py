@@ -131,23 +131,13 @@ class Run:
             got = self.cache.get(ns)
         if got is not None:
             return got
-        raw = self.txn.get(KS.namespace_key(ns))
-        if raw is None:
-            return None
-        rec = KS.decode_namespace(raw)
-        if rec.labels != ns:  # a tail surrogate shared by two namespaces: not this one
-            return None
-        self.found[ns] = rec.ns_id
-        return rec.ns_id
+        got = stored_ns_id(self.txn, ns)
+        if got is not None:
+            self.found[ns] = got
+        return got
 
     def lookup(self, ns_id: int, key: str) -> tuple[bytes, KS.ItemRecord] | None:
-        """The item's key element and record: one read."""
-        el = KS.key_element(key)
-        raw = self.txn.get(KS.item_key(ns_id, el))
-        if raw is None:
-            return None
-        item = KS.decode_item(raw)
-        return (el, item) if item.key == key else None
+        return lookup(self.txn, ns_id, key)
 
     def live(self, rec: KS.ItemRecord) -> bool:
         return rec.expires_ms is None or rec.expires_ms > self.now_ms
@@ -215,14 +205,7 @@ class Run:
                 return None
             if refresh_ttl and rec.ttl is not None:
                 self.refresh.append((ns_id, el))
-        created = when(rec.created_us)
-        return Item(
-            value=ormsgpack.unpackb(rec.value),
-            key=rec.key,
-            namespace=namespace,
-            created_at=created,
-            updated_at=created if rec.updated_us == rec.created_us else when(rec.updated_us),
-        )
+        return as_item(namespace, rec)
 
     def search(self, op: SearchOp, query: np.ndarray | None) -> list[SearchItem]:
         spaces = self.namespaces(op.namespace_prefix)
@@ -499,6 +482,36 @@ class Run:
             for p in plan.puts.values():
                 self.put(p)
         return results
+
+
+def stored_ns_id(txn: Txn, ns: tuple[str, ...]) -> int | None:
+    """The namespace's id as its record in ``txn`` says (None: no record)."""
+    raw = txn.get(KS.namespace_key(ns))
+    if raw is None:
+        return None
+    rec = KS.decode_namespace(raw)
+    return rec.ns_id if rec.labels == ns else None  # else a tail surrogate's other namespace
+
+
+def lookup(txn: Txn, ns_id: int, key: str) -> tuple[bytes, KS.ItemRecord] | None:
+    """The item's key element and record (live or not): one read."""
+    el = KS.key_element(key)
+    raw = txn.get(KS.item_key(ns_id, el))
+    if raw is None:
+        return None
+    item = KS.decode_item(raw)
+    return (el, item) if item.key == key else None
+
+
+def as_item(namespace: tuple[str, ...], rec: KS.ItemRecord) -> Item:
+    created = when(rec.created_us)
+    return Item(
+        value=ormsgpack.unpackb(rec.value),
+        key=rec.key,
+        namespace=namespace,
+        created_at=created,
+        updated_at=created if rec.updated_us == rec.created_us else when(rec.updated_us),
+    )
 
 
 def remove_item(

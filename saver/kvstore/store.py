@@ -38,6 +38,7 @@ from .. import backends as B
 from ..pool import Pool
 from . import checks as CK
 from . import keyspace as KS
+from . import ops as OPS
 from . import ttl as TTL
 from .ops import Plan, Put, Run
 
@@ -276,6 +277,11 @@ class KVStore(BaseStore):
             lambda txn: Run(txn, now_us, self._ns_ids, None, write=True).refresh_ttls(wanted)
         )
 
+    def _learn_ns(self, namespace: tuple[str, ...], ns_id: int) -> None:
+        if len(self._ns_ids) >= _CACHE_MAX:
+            self._ns_ids.clear()
+        self._ns_ids[namespace] = ns_id
+
     def _learn(self, run: Run) -> None:
         if run.found:
             if len(self._ns_ids) + len(run.found) > _CACHE_MAX:
@@ -300,15 +306,23 @@ class KVStore(BaseStore):
         read in a read transaction of its own."""
         _check_key(key)
         namespace = CK.labels(namespace)
-        refresh = self._refresh_default(refresh_ttl)
         now_us = time.time_ns() // 1000
+        ns_id = self._ns_ids.get(namespace)
         with self.store.read() as txn:
-            run = Run(txn, now_us, self._ns_ids, None, write=False)
-            item = run.get(namespace, key, refresh)
-        self._learn(run)
-        if run.refresh:
-            self._refresh(run.refresh, now_us)
-        return item
+            if ns_id is None and (ns_id := OPS.stored_ns_id(txn, namespace)) is not None:
+                self._learn_ns(namespace, ns_id)  # committed: what a read sees
+            if ns_id is None:
+                return None
+            hit = OPS.lookup(txn, ns_id, key)
+        if hit is None:
+            return None
+        el, rec = hit
+        if rec.expires_ms is not None:
+            if rec.expires_ms <= now_us // 1000:
+                return None
+            if rec.ttl is not None and self._refresh_default(refresh_ttl):
+                self._refresh([(ns_id, el)], now_us)
+        return OPS.as_item(namespace, rec)
 
     def search(
         self,
