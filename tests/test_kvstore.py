@@ -6,6 +6,7 @@ stores, the async API and the options."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import shutil
 import tarfile
@@ -329,6 +330,25 @@ def test_the_sweeper_thread_sweeps_and_stops(tmp_path: Path) -> None:
         assert future.done()
     with KVStore(tmp_path / "s", ttl={"sweep_interval_minutes": 1}) as s:
         assert s.stop_ttl_sweeper(timeout=5)  # started by the TTLConfig
+
+
+async def test_start_ttl_sweeper_is_also_awaited(tmp_path: Path) -> None:
+    # AsyncPostgresStore's form: ``await store.start_ttl_sweeper()`` gives the
+    # running sweeper's task back at once; KVStore's sync form returns a future.
+    # Both on one object: the await gives the same future, not yet done.
+    with KVStore(tmp_path / "s") as s:
+        s.put(("x",), "k", {"i": 1}, ttl=0.05 / 60)
+        future = await s.start_ttl_sweeper(sweep_interval_minutes=0.1 / 60)
+        assert isinstance(future, concurrent.futures.Future) and not future.done()
+        deadline = time.time() + 10
+        while True:  # the sweeper thread deletes the expired item
+            with s.store.read() as txn:
+                if not list(txn.scan(*KS.expiry_range(2**62), limit=1)):
+                    break
+            assert time.time() < deadline
+            await asyncio.sleep(0.05)
+        assert s.stop_ttl_sweeper(timeout=5)
+        assert future.done() and future.result() is None
 
 
 # -- timestamps, read-only, options ---------------------------------------------------

@@ -367,9 +367,11 @@ class KVStore(BaseStore):
     async def asweep_ttl(self) -> int:
         return int(await self._run(self.sweep_ttl))
 
-    def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> Any:
+    def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> TTL.SweeperFuture:
         """Sweep every ``sweep_interval_minutes`` (default: the TTLConfig's, else
-        5) in a daemon thread; a future that ends when it stops."""
+        5) in a daemon thread; a future that ends when it stops. Also
+        awaitable, as AsyncPostgresStore's ``await store.start_ttl_sweeper()``:
+        the ``await`` gives the same future at once."""
         cfg = self.ttl_config or {}
         minutes = sweep_interval_minutes or cfg.get("sweep_interval_minutes") or 5
         return self._sweeper.start(self.sweep_ttl, float(minutes))
