@@ -123,6 +123,20 @@ def test_hostile_keys_and_labels_round_trip_and_do_not_collide(store: KVStore) -
     assert store.list_namespaces(prefix=(*deep[:11], "other")) == []
 
 
+def test_a_filter_key_is_only_a_field_name(store: KVStore) -> None:
+    # SqliteStore refuses filter keys it cannot put into SQL; KVStore builds
+    # none, so quotes, SQL and dots are a field's name like any other, compared
+    # with that one top-level field, as InMemoryStore does.
+    odd = "k') = 'x' OR '1'='1' --"
+    store.put(("f",), "a", {"kind": "a", odd: 1, "p.q": 2, "p": {"q": 3}})
+    store.put(("f",), "b", {"kind": "b"})
+    assert [i.key for i in store.search(("f",), filter={odd: 1})] == ["a"]
+    assert store.search(("f",), filter={odd: "x"}) == []
+    assert [i.key for i in store.search(("f",), filter={"p.q": 2})] == ["a"]
+    assert store.search(("f",), filter={"p.q": 3}) == []  # not the nested p.q
+    assert [i.key for i in store.search(("f",), filter={odd: None})] == ["b"]
+
+
 def test_list_namespaces_pages_stop_early_only_where_key_order_is_label_order(
     store: KVStore,
 ) -> None:
