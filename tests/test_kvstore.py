@@ -365,6 +365,32 @@ async def test_start_ttl_sweeper_is_also_awaited(tmp_path: Path) -> None:
         assert future.done() and future.result() is None
 
 
+async def test_asweep_ttl_and_the_sweeper_sweep_where_sweep_ttl_is_a_coroutine(
+    tmp_path: Path,
+) -> None:
+    # AsyncSqliteStore's and AsyncPostgresStore's sweep_ttl is a coroutine; a
+    # KVStore subclass of that form (tests/upstream_suites.py's) keeps
+    # asweep_ttl and the sweeper thread, which sweep without calling it.
+    class AsyncForm(KVStore):
+        async def sweep_ttl(self) -> int:  # type: ignore[override]
+            return await self.asweep_ttl()
+
+    with AsyncForm(tmp_path / "s") as s:
+        s.put(("x",), "a", {"i": 1}, ttl=0.05 / 60)
+        await asyncio.sleep(0.1)
+        assert await s.sweep_ttl() == 1
+        s.put(("x",), "b", {"i": 2}, ttl=0.05 / 60)
+        await s.start_ttl_sweeper(sweep_interval_minutes=0.1 / 60)
+        deadline = time.time() + 10
+        while True:  # the sweeper thread deletes the expired item
+            with s.store.read() as txn:
+                if not list(txn.scan(*KS.expiry_range(2**62), limit=1)):
+                    break
+            assert time.time() < deadline, "the sweeper did not sweep"
+            await asyncio.sleep(0.05)
+        assert s.stop_ttl_sweeper(timeout=5)
+
+
 # -- timestamps, read-only, options ---------------------------------------------------
 
 
