@@ -37,34 +37,44 @@ PYTEST_RC=0
 if [ "$#" -gt 0 ]; then
     "$VENV/bin/python" -m pytest -q "$@" || PYTEST_RC=$?
 else
-    # The whole suite as two pytest runs side by side, each keeping about one
-    # of two cores busy: the files that run other processes (kill -9, crash,
-    # several processes on one store, the PostgreSQL server's) in the
-    # background, the rest here; the background run's output follows.
-    # Each has its own temporary directories (and PostgreSQL cluster).
+    # The whole suite as three pytest runs side by side: the files that run
+    # other processes (kill -9, crash, several processes on one store, the
+    # PostgreSQL server's) in the background, LangGraph's SQLite TTL and
+    # AsyncPostgresStore suites (tests/upstream_suites.py; mostly waiting for
+    # TTLs to pass) in the background as well, and the rest here, the busy
+    # two keeping about one of two cores busy each; the background runs'
+    # output follows. Each has its own temporary directories (and PostgreSQL
+    # cluster).
     PROCS=(tests/test_crash.py tests/test_saver_differential.py
         tests/test_lmdb_reliability.py tests/test_lmdb_processes.py
         tests/test_postgres.py tests/test_processes.py tests/test_saver_restart.py
         tests/test_kvstore.py tests/test_kvstore_differential.py tests/test_kvstore_graph.py
         tests/test_kvstore_processes.py tests/test_kvstore_upstream.py
-        tests/test_kvstore_upstream_sqlite.py
+        tests/test_kvstore_upstream_sqlite.py tests/test_kvstore_upstream_sqlite_async.py
         tests/test_kvstore_vectors.py)
+    WAITS=(tests/test_kvstore_upstream_ttl.py tests/test_kvstore_upstream_postgres_async.py)
     REST=()
     for f in tests/test_*.py; do
-        case " ${PROCS[*]} " in *" $f "*) ;; *) REST+=("$f") ;; esac
+        case " ${PROCS[*]} ${WAITS[*]} " in *" $f "*) ;; *) REST+=("$f") ;; esac
     done
     PROCS_LOG="$TREE/procs.log"
+    WAITS_LOG="$TREE/waits.log"
     "$VENV/bin/python" -m pytest -q "${PROCS[@]}" > "$PROCS_LOG" 2>&1 &
     PROCS_PID=$!
+    "$VENV/bin/python" -m pytest -q "${WAITS[@]}" > "$WAITS_LOG" 2>&1 &
+    WAITS_PID=$!
     "$VENV/bin/python" -m pytest -q "${REST[@]}" || PYTEST_RC=$?
-    PROCS_RC=0
-    wait "$PROCS_PID" || PROCS_RC=$?
-    echo "== ${PROCS[*]}"
-    cat "$PROCS_LOG"
-    if [ "$PROCS_RC" -ne 0 ]; then
-        echo "pytest of ${PROCS[*]} failed (exit $PROCS_RC)"
-        PYTEST_RC=$PROCS_RC
-    fi
+    for run in PROCS WAITS; do
+        pid="${run}_PID" log="${run}_LOG" files="${run}[*]"
+        RC=0
+        wait "${!pid}" || RC=$?
+        echo "== ${!files}"
+        cat "${!log}"
+        if [ "$RC" -ne 0 ]; then
+            echo "pytest of ${!files} failed (exit $RC)"
+            PYTEST_RC=$RC
+        fi
+    done
 fi
 MYPY_RC=0
 wait "$MYPY_PID" || MYPY_RC=$?

@@ -97,3 +97,18 @@ def pg_server() -> Any:
 @pytest.fixture(scope="session")
 def postgres_url(pg_server: Any) -> str:
     return str(pg_server.url)
+
+
+# -- cases a module deselects ---------------------------------------------------------
+# A test module may define ``deselected(item) -> reason | None``
+# (tests/upstream_suites.py: LangGraph's suites' cases that name their backend).
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    kept, dropped = [], []
+    for item in items:
+        why = getattr(getattr(item, "module", None), "deselected", None)
+        (dropped if why is not None and why(item) else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept

@@ -101,23 +101,16 @@ def comparable(result: Any, expected: bool = False) -> Any:
 
 
 @contextmanager
-def open_store(backend: str, **options: Any) -> Iterator[KVStore]:
-    """A fresh KVStore on ``backend`` (PostgreSQL: a fresh table on the
-    session's server, through its shared pool), closed and removed after."""
+def backend_place(backend: str) -> Iterator[Any]:
+    """Where a fresh KVStore on ``backend`` opens: ``":memory:"``, a temporary
+    LMDB directory, or a PostgresStore on a fresh table of the session's
+    server, through its shared pool (closed and dropped after)."""
     if backend == "memory":
-        store = KVStore(":memory:", **options)
-        try:
-            yield store
-        finally:
-            store.close()
+        yield ":memory:"
         return
     if backend == "lmdb":
         with tempfile.TemporaryDirectory() as d:
-            store = KVStore(d, **options)
-            try:
-                yield store
-            finally:
-                store.close()
+            yield d
         return
     from kvsaver.kv import PostgresStore
     from pg_helpers import drop_tables, shared_pool, shared_server, unique_table
@@ -126,13 +119,22 @@ def open_store(backend: str, **options: Any) -> Iterator[KVStore]:
     pool = shared_pool()
     pool.check()  # drop connections a server restart (test_postgres's faults) ended
     kv = PostgresStore(pool, table=table)
-    store = KVStore(kv, **options)
     try:
-        yield store
+        yield kv
     finally:
-        store.close()
         kv.close()
         drop_tables(shared_server().url, [table])
+
+
+@contextmanager
+def open_store(backend: str, **options: Any) -> Iterator[KVStore]:
+    """A fresh KVStore on ``backend`` (``backend_place``), closed and removed after."""
+    with backend_place(backend) as place:
+        store = KVStore(place, **options)
+        try:
+            yield store
+        finally:
+            store.close()
 
 
 def problems(store: KVStore) -> list[str]:

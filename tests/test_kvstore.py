@@ -6,6 +6,7 @@ stores, the async API and the options."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import shutil
 import tarfile
@@ -120,6 +121,20 @@ def test_hostile_keys_and_labels_round_trip_and_do_not_collide(store: KVStore) -
     assert [i.namespace for i in store.search(deep[:9])] == [deep]
     assert store.list_namespaces(prefix=deep[:11]) == [deep]
     assert store.list_namespaces(prefix=(*deep[:11], "other")) == []
+
+
+def test_a_filter_key_is_only_a_field_name(store: KVStore) -> None:
+    # SqliteStore refuses filter keys it cannot put into SQL; KVStore builds
+    # none, so quotes, SQL and dots are a field's name like any other, compared
+    # with that one top-level field, as InMemoryStore does.
+    odd = "k') = 'x' OR '1'='1' --"
+    store.put(("f",), "a", {"kind": "a", odd: 1, "p.q": 2, "p": {"q": 3}})
+    store.put(("f",), "b", {"kind": "b"})
+    assert [i.key for i in store.search(("f",), filter={odd: 1})] == ["a"]
+    assert store.search(("f",), filter={odd: "x"}) == []
+    assert [i.key for i in store.search(("f",), filter={"p.q": 2})] == ["a"]
+    assert store.search(("f",), filter={"p.q": 3}) == []  # not the nested p.q
+    assert [i.key for i in store.search(("f",), filter={odd: None})] == ["b"]
 
 
 def test_list_namespaces_pages_stop_early_only_where_key_order_is_label_order(
@@ -329,6 +344,51 @@ def test_the_sweeper_thread_sweeps_and_stops(tmp_path: Path) -> None:
         assert future.done()
     with KVStore(tmp_path / "s", ttl={"sweep_interval_minutes": 1}) as s:
         assert s.stop_ttl_sweeper(timeout=5)  # started by the TTLConfig
+
+
+async def test_start_ttl_sweeper_is_also_awaited(tmp_path: Path) -> None:
+    # AsyncPostgresStore's form: ``await store.start_ttl_sweeper()`` gives the
+    # running sweeper's task back at once; KVStore's sync form returns a future.
+    # Both on one object: the await gives the same future, not yet done.
+    with KVStore(tmp_path / "s") as s:
+        s.put(("x",), "k", {"i": 1}, ttl=0.05 / 60)
+        future = await s.start_ttl_sweeper(sweep_interval_minutes=0.1 / 60)
+        assert isinstance(future, concurrent.futures.Future) and not future.done()
+        deadline = time.time() + 10
+        while True:  # the sweeper thread deletes the expired item
+            with s.store.read() as txn:
+                if not list(txn.scan(*KS.expiry_range(2**62), limit=1)):
+                    break
+            assert time.time() < deadline
+            await asyncio.sleep(0.05)
+        assert s.stop_ttl_sweeper(timeout=5)
+        assert future.done() and future.result() is None
+
+
+async def test_asweep_ttl_and_the_sweeper_sweep_where_sweep_ttl_is_a_coroutine(
+    tmp_path: Path,
+) -> None:
+    # AsyncSqliteStore's and AsyncPostgresStore's sweep_ttl is a coroutine; a
+    # KVStore subclass of that form (tests/upstream_suites.py's) keeps
+    # asweep_ttl and the sweeper thread, which sweep without calling it.
+    class AsyncForm(KVStore):
+        async def sweep_ttl(self) -> int:  # type: ignore[override]
+            return await self.asweep_ttl()
+
+    with AsyncForm(tmp_path / "s") as s:
+        s.put(("x",), "a", {"i": 1}, ttl=0.05 / 60)
+        await asyncio.sleep(0.1)
+        assert await s.sweep_ttl() == 1
+        s.put(("x",), "b", {"i": 2}, ttl=0.05 / 60)
+        await s.start_ttl_sweeper(sweep_interval_minutes=0.1 / 60)
+        deadline = time.time() + 10
+        while True:  # the sweeper thread deletes the expired item
+            with s.store.read() as txn:
+                if not list(txn.scan(*KS.expiry_range(2**62), limit=1)):
+                    break
+            assert time.time() < deadline, "the sweeper did not sweep"
+            await asyncio.sleep(0.05)
+        assert s.stop_ttl_sweeper(timeout=5)
 
 
 # -- timestamps, read-only, options ---------------------------------------------------

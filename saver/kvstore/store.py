@@ -382,14 +382,18 @@ class KVStore(BaseStore):
         return TTL.sweep(self.store)
 
     async def asweep_ttl(self) -> int:
-        return int(await self._run(self.sweep_ttl))
+        return int(await self._run(TTL.sweep, self.store))
 
-    def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> Any:
+    def start_ttl_sweeper(self, sweep_interval_minutes: float | None = None) -> TTL.SweeperFuture:
         """Sweep every ``sweep_interval_minutes`` (default: the TTLConfig's, else
-        5) in a daemon thread; a future that ends when it stops."""
+        5) in a daemon thread; a future that ends when it stops. Also
+        awaitable, as AsyncPostgresStore's ``await store.start_ttl_sweeper()``:
+        the ``await`` gives the same future at once."""
         cfg = self.ttl_config or {}
         minutes = sweep_interval_minutes or cfg.get("sweep_interval_minutes") or 5
-        return self._sweeper.start(self.sweep_ttl, float(minutes))
+        # the sweep itself, not sweep_ttl: a subclass may make that a coroutine
+        # (AsyncSqliteStore's and AsyncPostgresStore's form), as asweep_ttl does not
+        return self._sweeper.start(functools.partial(TTL.sweep, self.store), float(minutes))
 
     def stop_ttl_sweeper(self, timeout: float | None = None) -> bool:
         """Stop the sweeper thread; True once it has stopped (or none ran)."""

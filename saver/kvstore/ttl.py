@@ -9,14 +9,15 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from typing import Any
 
 from kvsaver.kv.store import Store, Txn
 
 from . import keyspace as KS
 from .ops import remove_item
 
-__all__ = ["Sweeper", "sweep"]
+__all__ = ["Sweeper", "SweeperFuture", "sweep"]
 
 log = logging.getLogger("kvsaver.kvstore")
 
@@ -49,6 +50,19 @@ def _sweep_chunk(txn: Txn, at: int) -> int:
     return n
 
 
+class SweeperFuture(concurrent.futures.Future[None]):
+    """The sweeper's future (done when it stops), in both of LangGraph's forms:
+    SqliteStore's ``start_ttl_sweeper()`` returns a concurrent future,
+    AsyncPostgresStore's is a coroutine whose ``await`` gives its task back
+    while the sweeper goes on. KVStore is one object for sync and async code,
+    so ``await store.start_ttl_sweeper()`` gives this same future at once
+    (it does not wait for the sweeper to stop)."""
+
+    def __await__(self) -> Generator[Any, None, SweeperFuture]:
+        yield from ()
+        return self
+
+
 class Sweeper:
     """A daemon thread calling ``run`` every ``interval`` minutes until stopped."""
 
@@ -57,8 +71,8 @@ class Sweeper:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def start(self, run: Callable[[], int], minutes: float) -> concurrent.futures.Future[None]:
-        future: concurrent.futures.Future[None] = concurrent.futures.Future()
+    def start(self, run: Callable[[], int], minutes: float) -> SweeperFuture:
+        future = SweeperFuture()
         future.add_done_callback(lambda f: self._stop.set() if f.cancelled() else None)
         with self._lock:
             if self._thread is not None and self._thread.is_alive():
