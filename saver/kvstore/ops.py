@@ -187,10 +187,6 @@ class Run:
 
     # -- reads --------------------------------------------------------------
 
-    def _returned(self, ns_id: int, el: bytes, rec: KS.ItemRecord, refresh: bool) -> None:
-        if refresh and rec.ttl is not None:
-            self.refresh.append((ns_id, el))
-
     def get(self, namespace: tuple[str, ...], key: str, refresh_ttl: bool) -> Item | None:
         """A ``GetOp``'s item (its fields passed: a lone get makes no op)."""
         ns_id = self.ns_id(namespace)
@@ -215,8 +211,10 @@ class Run:
         else:
             picked = self._plain(op, spaces, op.offset, op.limit, None)
         out = []
+        refresh = self.refresh if op.refresh_ttl else None
         for ns_id, el, rec, value, score in picked:
-            self._returned(ns_id, el, rec, op.refresh_ttl)
+            if refresh is not None and rec.ttl is not None:
+                refresh.append((ns_id, el))
             created = when(rec.created_us)
             out.append(
                 SearchItem(
@@ -261,7 +259,7 @@ class Run:
                     offset -= 1
                     continue
                 value = ormsgpack.unpackb(rec.value)
-                if not CK.matches(value, op.filter):
+                if op.filter and not CK.matches(value, op.filter):
                     continue
                 if offset:
                     offset -= 1

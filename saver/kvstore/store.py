@@ -194,13 +194,7 @@ class KVStore(BaseStore):
                 op = op._replace(namespace=CK.labels(op.namespace))
                 _check_key(op.key)
             elif isinstance(op, SearchOp):
-                op = op._replace(
-                    namespace_prefix=CK.labels(op.namespace_prefix, "namespace_prefix")
-                )
-                CK.check_filter(op.filter)
-                CK.check_page(op.limit, op.offset, "search")
-                if op.query is not None and not isinstance(op.query, str):
-                    raise TypeError(f"search query must be a str, got {type(op.query).__name__}")
+                op = _checked_search(op)
             elif isinstance(op, ListNamespacesOp):
                 op = op._replace(match_conditions=CK.conditions(op.match_conditions))
                 CK.check_page(op.limit, op.offset, "list_namespaces")
@@ -340,7 +334,7 @@ class KVStore(BaseStore):
         op = SearchOp(
             namespace_prefix, filter, limit, offset, query, self._refresh_default(refresh_ttl)
         )
-        plan = self._prepare([op])
+        plan = Plan([_checked_search(op)], {})
         if query is not None and self._vectors is not None:
             self._embed(plan)
         return cast("list[SearchItem]", self._execute(plan)[0])
@@ -398,6 +392,15 @@ class KVStore(BaseStore):
     def stop_ttl_sweeper(self, timeout: float | None = None) -> bool:
         """Stop the sweeper thread; True once it has stopped (or none ran)."""
         return self._sweeper.stop(timeout)
+
+
+def _checked_search(op: SearchOp) -> SearchOp:
+    op = op._replace(namespace_prefix=CK.labels(op.namespace_prefix, "namespace_prefix"))
+    CK.check_filter(op.filter)
+    CK.check_page(op.limit, op.offset, "search")
+    if op.query is not None and not isinstance(op.query, str):
+        raise TypeError(f"search query must be a str, got {type(op.query).__name__}")
+    return op
 
 
 def _check_key(key: Any) -> None:
