@@ -57,11 +57,13 @@ class _Cache:
         with self.lock:
             items, order = self.items, self.order
             for a, b in ranges:
-                for k in list(order.irange(a, b, inclusive=(True, False))):
-                    order.discard(k)
+                i = 0 if a is None else order.bisect_left(a)
+                j = len(order) if b is None else order.bisect_left(b)
+                for k in order[i:j]:
                     gone = items.pop(k, _MISSING)
                     if gone is not _MISSING:
                         self.size -= self._cost(k, gone)
+                del order[i:j]
             size = self.size
             pop = items.pop
             for k, value in known.items():  # _cost, inline: a put learns a dozen keys

@@ -136,9 +136,6 @@ class Run:
             self.found[ns] = got
         return got
 
-    def lookup(self, ns_id: int, key: str) -> tuple[bytes, KS.ItemRecord] | None:
-        return lookup(self.txn, ns_id, key)
-
     def live(self, rec: KS.ItemRecord) -> bool:
         return rec.expires_ms is None or rec.expires_ms > self.now_ms
 
@@ -192,15 +189,12 @@ class Run:
         ns_id = self.ns_id(namespace)
         if ns_id is None:
             return None
-        hit = self.lookup(ns_id, key)
+        hit = live_lookup(self.txn, ns_id, key, self.now_ms)
         if hit is None:
             return None
         el, rec = hit
-        if rec.expires_ms is not None:
-            if rec.expires_ms <= self.now_ms:
-                return None
-            if refresh_ttl and rec.ttl is not None:
-                self.refresh.append((ns_id, el))
+        if refresh_ttl and rec.ttl is not None:
+            self.refresh.append((ns_id, el))
         return as_item(namespace, rec)
 
     def search(self, op: SearchOp, query: np.ndarray | None) -> list[SearchItem]:
@@ -302,8 +296,10 @@ class Run:
                 if not group:
                     group_score = score
                 ns_id = self.ns_id(ns)
-                hit = None if ns_id is None else self.lookup(ns_id, key)
-                if ns_id is None or hit is None or not self.live(hit[1]):
+                if ns_id is None:
+                    continue
+                hit = live_lookup(self.txn, ns_id, key, self.now_ms)
+                if hit is None:
                     continue
                 value = ormsgpack.unpackb(hit[1].value)
                 if CK.matches(value, op.filter):
@@ -416,7 +412,7 @@ class Run:
             if p.value is None:
                 return
             ns_id = self._new_ns(p.namespace, p.ttl is not None)
-        hit = None if ns_id in self._made else self.lookup(ns_id, p.key)
+        hit = None if ns_id in self._made else lookup(self.txn, ns_id, p.key)
         if hit is not None and (p.value is None or not self.live(hit[1])):
             remove_item(self.txn, p.namespace, ns_id, *hit)
             hit = None
@@ -499,6 +495,14 @@ def lookup(txn: Txn, ns_id: int, key: str) -> tuple[bytes, KS.ItemRecord] | None
         return None
     item = KS.decode_item(raw)
     return (el, item) if item.key == key else None
+
+
+def live_lookup(txn: Txn, ns_id: int, key: str, now_ms: int) -> tuple[bytes, KS.ItemRecord] | None:
+    """``lookup``, of a live item only: what a read returns."""
+    hit = lookup(txn, ns_id, key)
+    if hit is None or (hit[1].expires_ms is not None and hit[1].expires_ms <= now_ms):
+        return None
+    return hit
 
 
 def as_item(namespace: tuple[str, ...], rec: KS.ItemRecord) -> Item:

@@ -271,20 +271,11 @@ class KVStore(BaseStore):
             lambda txn: Run(txn, now_us, self._ns_ids, None, write=True).refresh_ttls(wanted)
         )
 
-    def _learn_ns(self, namespace: tuple[str, ...], ns_id: int) -> None:
-        if len(self._ns_ids) >= _CACHE_MAX:
-            self._ns_ids.clear()
-        self._ns_ids[namespace] = ns_id
-
     def _learn(self, run: Run) -> None:
         if run.found:
-            if len(self._ns_ids) + len(run.found) > _CACHE_MAX:
-                self._ns_ids.clear()
-            self._ns_ids.update(run.found)
+            _learned(self._ns_ids, run.found)
         if run.ttl_found:
-            if len(self._ttl_ids) + len(run.ttl_found) > _CACHE_MAX:
-                self._ttl_ids.clear()
-            self._ttl_ids.update(run.ttl_found)
+            _learned(self._ttl_ids, run.ttl_found)
 
     # -- one op, without a batch's planning -----------------------------------
 
@@ -304,18 +295,15 @@ class KVStore(BaseStore):
         ns_id = self._ns_ids.get(namespace)
         with self.store.read() as txn:
             if ns_id is None and (ns_id := OPS.stored_ns_id(txn, namespace)) is not None:
-                self._learn_ns(namespace, ns_id)  # committed: what a read sees
+                _learned(self._ns_ids, {namespace: ns_id})  # committed: what a read sees
             if ns_id is None:
                 return None
-            hit = OPS.lookup(txn, ns_id, key)
+            hit = OPS.live_lookup(txn, ns_id, key, now_us // 1000)
         if hit is None:
             return None
         el, rec = hit
-        if rec.expires_ms is not None:
-            if rec.expires_ms <= now_us // 1000:
-                return None
-            if rec.ttl is not None and self._refresh_default(refresh_ttl):
-                self._refresh([(ns_id, el)], now_us)
+        if rec.ttl is not None and self._refresh_default(refresh_ttl):
+            self._refresh([(ns_id, el)], now_us)
         return OPS.as_item(namespace, rec)
 
     def search(
@@ -392,6 +380,14 @@ class KVStore(BaseStore):
     def stop_ttl_sweeper(self, timeout: float | None = None) -> bool:
         """Stop the sweeper thread; True once it has stopped (or none ran)."""
         return self._sweeper.stop(timeout)
+
+
+def _learned(memo: dict[Any, Any] | set[Any], new: Mapping[Any, Any] | set[Any]) -> None:
+    """``new`` added to one of the store's memos of committed ids, which is
+    emptied first when it would grow past ``_CACHE_MAX``."""
+    if len(memo) + len(new) > _CACHE_MAX:
+        memo.clear()
+    memo.update(new)  # type: ignore[arg-type]
 
 
 def _checked_search(op: SearchOp) -> SearchOp:
