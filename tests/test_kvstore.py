@@ -8,9 +8,11 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import random
 import shutil
 import tarfile
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +23,17 @@ from kvsaver import KVSaver, KVStore, OptionError, Retention
 from kvsaver.kv import FormatVersionError, MemoryStore, MissingDependencyError, ReadOnlyError
 from kvsaver.kv.keys import unpack
 from kvsaver.kvstore import keyspace as KS
+from kvsaver.kvstore import ops as OPS
 from kvsaver.tools.cli import cli
 from kvstore_helpers import STORE_BACKENDS, block_numpy, open_store, problems
 from langgraph.store.base import (
     GetOp,
     InvalidNamespaceError,
+    Item,
     ListNamespacesOp,
     MatchCondition,
     PutOp,
+    SearchItem,
     SearchOp,
 )
 from saver_helpers_graphs import chat_graph, human
@@ -410,6 +415,42 @@ def test_created_at_is_the_creation_and_updated_at_the_last_put(store: KVStore) 
     store.put(("ts",), "k", {"v": 3})
     third = store.get(("ts",), "k")
     assert third is not None and third.created_at > second.created_at
+
+
+def test_stored_times_read_back_to_the_microsecond() -> None:
+    epoch = datetime(1970, 1, 1, tzinfo=timezone.utc)
+    rnd = random.Random(7)
+    edges = [0, 1, 999_999, 1_000_000, 2**31 * 10**6 - 1, 7_258_118_400 * 10**6 - 1]
+    for us in edges + [rnd.randrange(7_258_118_400 * 10**6) for _ in range(200_000)]:
+        assert OPS.when(us) == epoch + timedelta(microseconds=us), us
+
+
+@pytest.mark.parametrize("slots_known", [True, False])
+def test_items_are_langgraphs_own_built_either_way(
+    store: KVStore, monkeypatch: pytest.MonkeyPatch, slots_known: bool
+) -> None:
+    """Items are built by setting their slots, or through LangGraph's
+    constructors where its Item has slots we do not know: the same items."""
+    monkeypatch.setattr(OPS, "_SLOTS_KNOWN", slots_known and OPS._SLOTS_KNOWN)
+    store.put(("it", "a"), "k", {"v": [1, {"x": "y"}]})
+    time.sleep(0.002)
+    store.put(("it", "a"), "k", {"v": 2})
+    got, (found,) = store.get(("it", "a"), "k"), store.search(("it",))
+    assert got is not None and type(got) is Item and type(found) is SearchItem
+    want = Item(
+        value={"v": 2},
+        key="k",
+        namespace=("it", "a"),
+        created_at=got.created_at,
+        updated_at=got.updated_at,
+    )
+    assert got == want and found == want and found.score is None
+    assert got.created_at < got.updated_at and got.updated_at.tzinfo is timezone.utc
+    for item in (got, found):
+        for cls in type(item).__mro__:
+            for slot in getattr(cls, "__slots__", ()):
+                getattr(item, slot)  # every slot set
+        assert json.loads(json.dumps(item.dict())) == item.dict()
 
 
 def test_a_read_only_store_reads_and_refuses_writes(tmp_path: Path) -> None:
