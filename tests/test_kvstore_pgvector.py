@@ -17,10 +17,12 @@ import numpy as np
 import psycopg
 import pytest
 from kvsaver import KVStore
+from kvsaver.kv.postgres.statements import _register_arrays
 from kvsaver.kvstore import vectors as vmod
 from kvsaver.kvstore.vectors import Vectors
 from langgraph.store.base import PutOp, SearchOp
 from pg_helpers import drop_tables, unique_table
+from psycopg import sql
 
 DIMS = 8
 TEXTS = [f"t{i}" for i in range(40)] + ["zero", "same-a", "same-b"]
@@ -222,12 +224,14 @@ def test_hnsw_finds_most_of_the_nearest(pgvector_url: str, table: str) -> None:
     store = KVStore(pgvector_url, index=cfg, table=table)  # type: ignore[arg-type]
     assert store._vectors is not None and store._vectors.hnsw == {"m": 16, "ef_construction": 64}
     store.batch([PutOp(("n",), f"k{i}", {"text": f"v{i}"}) for i in range(n)])
-    with psycopg.connect(pgvector_url, autocommit=True) as conn:
-        plan = conn.execute(
-            f'EXPLAIN SELECT key FROM "{table}_vectors" ORDER BY embedding <=> %s::vector LIMIT 10',
-            (str(queries[0].tolist()),),
-        ).fetchall()
-    assert "hnsw" in " ".join(r[0] for r in plan)
+    vq = store.store._vq  # type: ignore[attr-defined]
+    with psycopg.connect(pgvector_url, autocommit=True) as conn:  # the search asks the index
+        _register_arrays(conn)
+        vector = vq.vector(queries[0].tobytes())
+        low, high = vmod.namespace_range(())[:2]
+        params = (vector, vector, 40, low, high, 10, 0)
+        plan = conn.execute(sql.SQL("EXPLAIN ") + vq.search.text, params).fetchall()
+    assert f"Index Scan using {table}_vectors_hnsw" in " ".join(r[0] for r in plan)
     unit = matrix / np.linalg.norm(matrix, axis=1)[:, None]
     found = 0
     for i, q in enumerate(queries):

@@ -310,20 +310,30 @@ class _VectorQueries:
             "ON CONFLICT (key) DO UPDATE SET embedding = EXCLUDED.embedding",
             (_BYTEA_ARRAY, 0),
         )
-        # The records of the nearest keys (an index lookup each), in that
-        # order; the query vector is the first parameter and, exact, the second.
-        if hnsw is not None:  # the bare distance: what an HNSW index serves
-            inner, outer = "embedding <=> %b::vector", "v.d"
-        else:  # a zero vector's NaN as 1 (a score of 0), then the key: a scan
-            inner = "coalesce(nullif(embedding <=> %b::vector, 'NaN'), 1), key"
-            outer = "coalesce(nullif(v.d, 'NaN'), 1), v.key"
-        self.search = stmt(
-            "vsearch",
-            "SELECT t.key, t.value FROM (SELECT key, embedding <=> %b::vector AS d FROM {0} "
-            f"WHERE key >= %b AND key < %b ORDER BY {inner} LIMIT %s OFFSET %s) AS v "
-            f"JOIN {{1}} AS t ON t.key = v.key ORDER BY {outer}",
-            (0, _BYTEA, _BYTEA, 0, _INT8, _INT8),
-        )
+        # The records of the nearest keys, in that order, each value one index
+        # lookup (a join may be planned as a scan of the store's whole table).
+        # Exact: the range's vectors, a zero vector's NaN taken as 1 (a score
+        # of 0), then by key; no index serves that order: a scan. HNSW: the
+        # index's nearest (no more than hnsw.ef_search), then those in the
+        # range: with the range in the same query the planner would scan it
+        # by the key instead of asking the index.
+        value = "(SELECT t.value FROM {1} AS t WHERE t.key = v.key)"
+        if hnsw is None:
+            template = (
+                f"SELECT v.key, {value} FROM (SELECT key, embedding <=> %b::vector AS d "
+                "FROM {0} WHERE key >= %b AND key < %b "
+                "ORDER BY coalesce(nullif(embedding <=> %b::vector, 'NaN'), 1), key "
+                "LIMIT %s OFFSET %s) AS v ORDER BY coalesce(nullif(v.d, 'NaN'), 1), v.key"
+            )
+            types: tuple[int, ...] = (0, _BYTEA, _BYTEA, 0, _INT8, _INT8)
+        else:
+            template = (
+                f"SELECT v.key, {value} FROM (SELECT key, embedding <=> %b::vector AS d "
+                "FROM {0} ORDER BY embedding <=> %b::vector LIMIT %s) AS v "
+                "WHERE v.key >= %b AND v.key < %b ORDER BY v.d LIMIT %s OFFSET %s"
+            )
+            types = (0, 0, _INT8, _BYTEA, _BYTEA, _INT8, _INT8)
+        self.search = stmt("vsearch", template, types)
         # HNSW returns at most ef_search rows: set for each search, to what it asks.
         self.ef_search = _Stmt(
             sql.SQL("SELECT set_config('hnsw.ef_search', %b::text, true)"),

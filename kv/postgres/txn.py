@@ -600,15 +600,17 @@ class _PGTxn:
         what is buffered (this transaction's own writes are searched too).
         With HNSW, ``hnsw.ef_search`` is set first to ``offset + limit`` (at
         least pgvector's default 40, at most its 1000): the index returns
-        no more rows than that."""
+        no more rows than that, and those outside the range are left out
+        after (a narrow range finds fewer)."""
         vq = self._vectors()
         if limit <= 0 or start >= stop:
             return []
+        vector = vq.vector(query)
+        params: tuple[Any, ...] = (vector, start, stop, vector, limit, offset)
         if vq.hnsw is not None:
             ef = min(max(offset + limit, 40), 1000)
             self._queue.append((vq.ef_search, (ef,), None))
-        vector = vq.vector(query)
-        params = (vector, start, stop, vector, limit, offset)
+            params = (vector, vector, ef, start, stop, limit, offset)
         return [(k, v) for k, v in self._run(vq.search, params).fetchall()]
 
     def scan(
