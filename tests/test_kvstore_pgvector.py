@@ -197,13 +197,14 @@ def test_ann_index_config_kinds(pgvector_url: str, table: str) -> None:
         ({"kind": "nope"}, "kind 'nope'"),
         ({"kind": "hnsw", "lists": 3}, "takes no"),
         ({"kind": "hnsw", "m": 0}, "positive int"),
-        ({"vector_type": "halfvec"}, "vector_type"),
+        ({"vector_type": "bit"}, "vector_type"),
     ]:
         with pytest.raises(ValueError, match=match):
             KVStore(":memory:", index={**INDEX, "ann_index_config": bad})
-    flat = KVStore(pgvector_url, index={**INDEX, "ann_index_config": {"kind": "flat"}}, table=table)
-    assert flat._vectors is not None and flat._vectors.server and flat._vectors.hnsw is None
-    flat.close()
+    for exact in [{"kind": "flat"}, {"vector_type": "halfvec"}, {}]:  # no kind: exact
+        flat = KVStore(pgvector_url, index={**INDEX, "ann_index_config": exact}, table=table)
+        assert flat._vectors is not None and flat._vectors.server and flat._vectors.hnsw is None
+        flat.close()
     with pytest.raises(ValueError, match="dims"):
         KVStore(pgvector_url, index={**INDEX, "dims": DIMS + 1}, table=table)
 

@@ -420,7 +420,7 @@ class Vectors:
 
 def ann_index(config: IndexConfig) -> dict[str, int] | None:
     """The config's ``ann_index_config`` as PostgresStore names it: None for
-    exact search (none, or ``{"kind": "flat"}``), HNSW's options for
+    exact search (none, no kind, or ``{"kind": "flat"}``), HNSW's options for
     ``{"kind": "hnsw", "m": ..., "ef_construction": ...}``; anything else
     refused. Only a store with pgvector has an index; elsewhere search is
     exact whatever the config says."""
@@ -430,9 +430,15 @@ def ann_index(config: IndexConfig) -> dict[str, int] | None:
     if not isinstance(ann, dict):
         raise ValueError(f"index config: ann_index_config must be a dict, not {ann!r}")
     ann = dict(ann)
-    kind = ann.pop("kind", "hnsw")  # PostgresStore's default kind
-    if ann.pop("vector_type", "vector") != "vector":
-        raise ValueError("index config: ann_index_config's vector_type must be 'vector'")
+    # Exact unless an index is asked for by name (PostgresStore's default
+    # kind is hnsw). Vectors are kept as float32 whatever the vector_type.
+    kind = ann.pop("kind", "flat")
+    vector_type = ann.pop("vector_type", "vector")
+    if vector_type not in ("vector", "halfvec"):
+        raise ValueError(
+            f"index config: ann_index_config's vector_type {vector_type!r} is not "
+            "'vector' or 'halfvec'"
+        )
     allowed = {"flat": set(), "hnsw": {"m", "ef_construction"}}
     if kind not in allowed:
         raise ValueError(
