@@ -160,6 +160,26 @@ def test_deletes_and_the_ttl_sweep_remove_vector_rows(pgvector_url: str, table: 
     store.close()
 
 
+def test_a_key_deleted_after_its_vector_was_put_takes_it_along(
+    pgvector_url: str, table: str
+) -> None:
+    """In one transaction: a new key and its vector put, then the key deleted
+    (by itself, and in a range), before anything is sent: nothing stays."""
+    store = KVStore(pgvector_url, index=INDEX, table=table)
+    vec = np.asarray(vector_of("t1"), dtype=np.float32).tobytes()
+    with store.store.write() as txn:
+        txn.put(b"\x01one", b"v")
+        txn.put_vector(b"\x01one", vec)  # type: ignore[attr-defined]
+        assert txn.delete(b"\x01one")
+        txn.put(b"\x01two", b"v")
+        txn.put_vector(b"\x01two", vec)  # type: ignore[attr-defined]
+        assert txn.delete_range(b"\x01t", b"\x01u") == 1
+    assert count_vectors(pgvector_url, table) == 0
+    with store.store.read() as txn:
+        assert txn.get(b"\x01one") is None and txn.get(b"\x01two") is None
+    store.close()
+
+
 def test_two_stores_see_each_others_writes(pgvector_url: str, table: str) -> None:
     one = KVStore(pgvector_url, index=INDEX, table=table)
     two = KVStore(pgvector_url, index=INDEX, table=table)

@@ -563,6 +563,7 @@ class _PGTxn:
         if self.get(key) is None:
             return False
         self._known[key] = self._dirty[key] = None
+        self._vdirty.pop(key, None)  # its vector goes with it, sent or not
         self._unclaimed.clear()
         return True
 
