@@ -28,7 +28,9 @@ from .store import (
     StoreClosedError,
     StoreFullError,
     SupportsDiskUsage,
+    SupportsVectors,
     Txn,
+    VectorTxn,
 )
 
 __all__ = [
@@ -52,7 +54,9 @@ __all__ = [
     "StoreTimeoutError",
     "StoreUnavailableError",
     "SupportsDiskUsage",
+    "SupportsVectors",
     "Txn",
+    "VectorTxn",
     "pack",
     "prefix_range",
     "unpack",

@@ -47,6 +47,11 @@ defaults of a store that has none of them (every backend derives from
   None for none. ``path``: where it is (a directory or a file), None for a
   store in memory or on a server.
 
+Optional capabilities, as protocols a store may implement:
+``SupportsDiskUsage``; ``SupportsVectors`` (``PostgresStore`` on a server with
+pgvector), float32 vectors attached to keys, written and searched in the
+store's own transactions (``VectorTxn``).
+
 Errors form one family rooted at ``KVError``.
 """
 
@@ -69,7 +74,9 @@ __all__ = [
     "StoreClosedError",
     "StoreFullError",
     "SupportsDiskUsage",
+    "SupportsVectors",
     "Txn",
+    "VectorTxn",
 ]
 
 T = TypeVar("T")
@@ -189,4 +196,48 @@ class SupportsDiskUsage(Protocol):
 
     def disk_usage(self) -> int:
         """Bytes the store's files take (an in-memory store: its live bytes)."""
+        ...
+
+
+@runtime_checkable
+class SupportsVectors(Protocol):
+    """An optional capability: a vector of float32 attached to a key, kept by
+    the store beside its records (``PostgresStore``: a pgvector table) and
+    searched there, by cosine distance. Once ``open_vectors`` returned True,
+    the store's transactions are ``VectorTxn``s."""
+
+    def open_vectors(
+        self,
+        dims: int,
+        hnsw: dict[str, int] | None = None,
+        fill: Callable[[Txn], None] | None = None,
+    ) -> bool:
+        """Make the vectors of ``dims`` float32 ready; False when the store
+        cannot have them (the server has no pgvector, or a read-only store
+        finds none made). ``hnsw``: search through an approximate HNSW index
+        (its ``m``, ``ef_construction``), made if missing; None: exact search.
+        ``fill(txn)`` runs in the transaction that creates the vectors'
+        storage, to put the vectors of records written before it."""
+        ...
+
+
+@runtime_checkable
+class VectorTxn(Protocol):
+    """A transaction of a store that has ``SupportsVectors``. A key's vector
+    is removed with the key (any ``delete`` or ``delete_range`` of it, in the
+    same transaction); a ``put`` of the key leaves its vector as it was."""
+
+    def put_vector(self, key: bytes, vector: bytes) -> None:
+        """Attach ``vector`` (float32, little-endian, the dims opened) to
+        ``key``, which this transaction has put or the store holds."""
+        ...
+
+    def search_vectors(
+        self, start: bytes, stop: bytes, query: bytes, limit: int, offset: int = 0
+    ) -> list[tuple[bytes, bytes]]:
+        """The records (key, value) of the keys in ``[start, stop)`` that have
+        a vector, by their vector's cosine distance to ``query`` (float32,
+        little-endian), nearest first, ties (and zero vectors, at distance 1)
+        in key order; ``offset`` skipped, at most ``limit``. With an HNSW
+        index the order is the index's, approximate, and may stop early."""
         ...

@@ -44,14 +44,14 @@ else
     # TTLs to pass) in the background as well, and the rest here, the busy
     # two keeping about one of two cores busy each; the background runs'
     # output follows. Each has its own temporary directories (and PostgreSQL
-    # cluster).
+    # clusters: the system's, and pgserver's with pgvector where a test needs it).
     PROCS=(tests/test_crash.py tests/test_saver_differential.py
         tests/test_lmdb_reliability.py tests/test_lmdb_processes.py
         tests/test_postgres.py tests/test_processes.py tests/test_saver_restart.py
         tests/test_kvstore.py tests/test_kvstore_differential.py tests/test_kvstore_graph.py
         tests/test_kvstore_processes.py tests/test_kvstore_upstream.py
         tests/test_kvstore_upstream_sqlite.py tests/test_kvstore_upstream_sqlite_async.py
-        tests/test_kvstore_vectors.py)
+        tests/test_kvstore_vectors.py tests/test_kvstore_pgvector.py)
     WAITS=(tests/test_kvstore_upstream_ttl.py tests/test_kvstore_upstream_postgres_async.py)
     REST=()
     for f in tests/test_*.py; do

@@ -99,6 +99,15 @@ def postgres_url(pg_server: Any) -> str:
     return str(pg_server.url)
 
 
+# A second one, PostgreSQL with pgvector (the pgserver wheel's binaries), for
+# KVStore's search on pgvector; a test needing it fails where it cannot start.
+@pytest.fixture(scope="session")
+def pgvector_url() -> str:
+    from pg_helpers import shared_pgvector_server
+
+    return str(shared_pgvector_server().url)
+
+
 # -- cases a module deselects ---------------------------------------------------------
 # A test module may define ``deselected(item) -> reason | None``
 # (tests/upstream_suites.py: LangGraph's suites' cases that name their backend).

@@ -104,7 +104,8 @@ def comparable(result: Any, expected: bool = False) -> Any:
 def backend_place(backend: str) -> Iterator[Any]:
     """Where a fresh KVStore on ``backend`` opens: ``":memory:"``, a temporary
     LMDB directory, or a PostgresStore on a fresh table of the session's
-    server, through its shared pool (closed and dropped after)."""
+    server, through its shared pool (closed and dropped after); ``pgvector``:
+    of the session's cluster with pgvector."""
     if backend == "memory":
         yield ":memory:"
         return
@@ -113,9 +114,24 @@ def backend_place(backend: str) -> Iterator[Any]:
             yield d
         return
     from kvsaver.kv import PostgresStore
-    from pg_helpers import drop_tables, shared_pool, shared_server, unique_table
+    from pg_helpers import (
+        drop_tables,
+        shared_pgvector_server,
+        shared_pool,
+        shared_server,
+        unique_table,
+    )
 
     table = unique_table("kvs")
+    if backend == "pgvector":  # the cluster with pgvector (its vectors' table goes first)
+        url = shared_pgvector_server().url
+        kv = PostgresStore(url, table=table, max_size=2)
+        try:
+            yield kv
+        finally:
+            kv.close()
+            drop_tables(url, [f"{table}_vectors", table])
+        return
     pool = shared_pool()
     pool.check()  # drop connections a server restart (test_postgres's faults) ended
     kv = PostgresStore(pool, table=table)

@@ -6,7 +6,13 @@ One cluster serves the whole test session (tests/conftest.py's
 ``pg_server`` fixture); each test works in tables of its own. Needs
 PostgreSQL's initdb/pg_ctl/postgres (Debian: the ``postgresql`` package,
 /usr/lib/postgresql/<version>/bin); without them ``PgServer.start`` says why
-and the fixture skips with that reason."""
+and the fixture skips with that reason.
+
+A second cluster, with pgvector, runs the binaries of the ``pgserver`` wheel
+(a test dependency: a PostgreSQL build with pgvector; only its binaries are
+used, not its Python API): ``PgServer(pgserver_bindir())``,
+``shared_pgvector_server()``. Without the wheel the tests that need it fail
+with the reason, never skip."""
 
 from __future__ import annotations
 
@@ -34,6 +40,46 @@ def pg_bindir() -> str | None:
     return None
 
 
+def pgserver_bindir() -> str:
+    """The bin directory of the ``pgserver`` wheel's PostgreSQL (with pgvector),
+    found without importing the package; readable by the ``postgres`` user
+    when running as root (else a copy in a temporary directory that is)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pgserver")
+    if spec is None or spec.origin is None:
+        raise Unavailable(
+            "the pgserver wheel (PostgreSQL with pgvector) is not installed: "
+            "pip install -e '.[test]'"
+        )
+    install = os.path.join(os.path.dirname(spec.origin), "pginstall")
+    bindir = os.path.join(install, "bin")
+    if not all(os.access(os.path.join(bindir, t), os.X_OK) for t in _TOOLS):
+        raise Unavailable(f"pgserver's PostgreSQL binaries are missing under {bindir}")
+    if os.geteuid() == 0 and not _postgres_can_run(install):
+        copy = tempfile.mkdtemp(prefix="kvsaver-pginstall-")
+        os.chmod(copy, 0o755)
+        shutil.copytree(install, os.path.join(copy, "pginstall"), symlinks=True)
+        install = os.path.join(copy, "pginstall")
+        bindir = os.path.join(install, "bin")
+        if not _postgres_can_run(install):
+            raise Unavailable(f"the postgres user cannot run pgserver's binaries, even in {copy}")
+    return bindir
+
+
+def _postgres_can_run(install: str) -> bool:
+    """Whether the ``postgres`` user can run the server of ``install`` and
+    read its pgvector files."""
+    checks = [
+        *(f"-x {install}/bin/{t}" for t in _TOOLS),
+        f"-r {install}/lib/postgresql/vector.so",
+        f"-r {install}/share/postgresql/extension/vector.control",
+    ]
+    script = " && ".join(f"test {c}" for c in checks)
+    done = subprocess.run(["runuser", "-u", "postgres", "--", "sh", "-c", script], check=False)
+    return done.returncode == 0
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -45,10 +91,11 @@ class Unavailable(Exception):
 
 
 class PgServer:
-    """A private PostgreSQL cluster. ``url`` once started."""
+    """A private PostgreSQL cluster. ``url`` once started. ``bindir``: the
+    server's binaries (default: the system's, ``pg_bindir``)."""
 
-    def __init__(self) -> None:
-        bindir = pg_bindir()
+    def __init__(self, bindir: str | None = None) -> None:
+        bindir = bindir or pg_bindir()
         if bindir is None:
             raise Unavailable(
                 "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found under "
@@ -129,6 +176,7 @@ def drop_tables(url: str, tables: list[str]) -> None:
 
 _SHARED: list[PgServer] = []
 _UNAVAILABLE: list[str] = []
+_PGVECTOR: list[PgServer] = []
 
 
 def shared_server() -> PgServer:
@@ -152,11 +200,33 @@ def shared_server() -> PgServer:
     return _SHARED[0]
 
 
+def shared_pgvector_server() -> PgServer:
+    """The session's cluster with pgvector (pgserver's binaries); started on
+    first use. Where it cannot be, the test fails with the reason (the wheel
+    is a test dependency: its absence is a broken setup, not a skip)."""
+    import pytest
+
+    if not _PGVECTOR:
+        try:
+            server = PgServer(pgserver_bindir())
+        except Unavailable as e:
+            pytest.fail(f"no PostgreSQL with pgvector: {e}")
+        try:
+            server.start()
+        except BaseException:
+            server.stop()
+            raise
+        _PGVECTOR.append(server)
+    return _PGVECTOR[0]
+
+
 def stop_shared_server() -> None:
     while _POOL:
         _POOL.pop().close()
     while _SHARED:
         _SHARED.pop().stop()
+    while _PGVECTOR:
+        _PGVECTOR.pop().stop()
 
 
 def table_for(place: object) -> str:

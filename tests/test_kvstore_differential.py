@@ -165,3 +165,12 @@ def test_differential_search_by_meaning(backend: str, program: list[list[Any]]) 
 def test_differential_search_by_meaning_postgres(pg_server: Any, program: list[list[Any]]) -> None:
     with open_store("postgres", index=INDEX) as store:
         _check(store, program, Reference(index=INDEX))  # type: ignore[arg-type]
+
+
+@settings(max_examples=8, **_SETTINGS)  # type: ignore[arg-type]
+@given(program=vector_batches)
+def test_differential_search_by_meaning_pgvector(program: list[list[Any]]) -> None:
+    """Ranked by pgvector on the server (tests/test_kvstore_pgvector.py)."""
+    with open_store("pgvector", index=INDEX) as store:
+        assert store._vectors is not None and store._vectors.server
+        _check(store, program, Reference(index=INDEX))  # type: ignore[arg-type]

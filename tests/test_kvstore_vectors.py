@@ -79,20 +79,46 @@ def ranked(store: Store, vectors: Vectors, query: str, prefix: tuple[str, ...] =
         return list(vectors.ranked(txn, vectors.embed_query(query), prefix))
 
 
-@pytest.fixture(params=["memory", "lmdb", "postgres"])
-def kv(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+def _open(backend: str, tmp_path: Path) -> Iterator[Store]:
     store: Store
-    if request.param == "postgres":  # no pgvector there: the same exact path
+    if backend in ("postgres", "pgvector"):  # postgres: no pgvector there, the numpy path
         from kvsaver.kv import PostgresStore
-        from pg_helpers import shared_server, table_for
+        from pg_helpers import drop_tables, shared_pgvector_server, shared_server, table_for
 
-        store = PostgresStore(shared_server().url, table=table_for(tmp_path), max_size=4)
-    elif request.param == "memory":
-        store = MemoryStore()
-    else:
-        store = LMDBStore(tmp_path / "db")
+        server = shared_server() if backend == "postgres" else shared_pgvector_server()
+        store = PostgresStore(server.url, table=table_for(tmp_path), max_size=4)
+        with store:
+            yield store
+        if backend == "pgvector":
+            drop_tables(server.url, [f"{table_for(tmp_path)}_vectors", table_for(tmp_path)])
+        return
+    store = MemoryStore() if backend == "memory" else LMDBStore(tmp_path / "db")
     with store:
         yield store
+
+
+@pytest.fixture(params=["memory", "lmdb", "postgres", "pgvector"])
+def kv(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """pgvector: PostgreSQL with pgvector, where ``vectors_on`` ranks on the server."""
+    yield from _open(request.param, tmp_path)
+
+
+@pytest.fixture(params=["memory", "lmdb", "postgres"])
+def numpy_kv(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """The stores where ranking is the numpy path's cache (the cache's own tests)."""
+    yield from _open(request.param, tmp_path)
+
+
+def vectors_on(store: Store, cfg: dict[str, Any]) -> Vectors:
+    """``Vectors`` as KVStore makes them on ``store``: ranked on the server
+    where the store keeps vectors (pgvector)."""
+    from pg_helpers import _PGVECTOR
+
+    vectors = Vectors(cfg)  # type: ignore[arg-type]
+    vectors.attach(store)
+    on_pgvector = bool(_PGVECTOR) and getattr(store, "conninfo", None) == _PGVECTOR[0].url
+    assert vectors.server == on_pgvector
+    return vectors
 
 
 # -- texts: LangGraph's rules --------------------------------------------------
@@ -147,7 +173,7 @@ def test_texts_whole_value_is_sorted_json() -> None:
 
 def test_duplicate_texts_each_get_a_vector(kv: Store) -> None:
     """Two fields with one text: both embedded (InMemoryStore's put raises here)."""
-    vectors = Vectors(config(Embedder(), ["a", "b"]))  # type: ignore[arg-type]
+    vectors = vectors_on(kv, config(Embedder(), ["a", "b"]))
     assert vectors.texts({"a": "same", "b": "same"}, None) == [("a", "same"), ("b", "same")]
     put(kv, vectors, ("n",), "k", {"a": "same", "b": "same"})
     assert [(ns, key) for ns, key, _ in ranked(kv, vectors, "same")] == [(("n",), "k")]
@@ -157,7 +183,7 @@ def test_duplicate_texts_each_get_a_vector(kv: Store) -> None:
 
 
 def test_dims_mismatch_from_embed_is_a_clear_error(kv: Store) -> None:
-    vectors = Vectors(config(Embedder(DIMS + 1)))  # type: ignore[arg-type]
+    vectors = vectors_on(kv, config(Embedder(DIMS + 1)))
     with pytest.raises(ValueError, match=f"vector of {DIMS + 1} dims.*dims={DIMS}"):
         vectors.embed_texts(["x"])
     with pytest.raises(ValueError, match=f"vector of {DIMS + 1} dims.*dims={DIMS}"):
@@ -255,7 +281,7 @@ def test_ranked_equals_brute_force_and_in_memory_store(kv: Store) -> None:
     """Distinct items (InMemoryStore keeps a re-put item's old fields' vectors)."""
     rng = np.random.default_rng(7)
     fields = ["title", "body[*]"]
-    vectors = Vectors(config(Embedder(), fields))  # type: ignore[arg-type]
+    vectors = vectors_on(kv, config(Embedder(), fields))
     mem = InMemoryStore(index=config(Embedder(), fields))  # type: ignore[arg-type]
     stored: dict[tuple[tuple[str, ...], str], list[list[float]]] = {}
     for ns, key, value in random_items(rng, 300):
@@ -272,7 +298,7 @@ def test_ranked_equals_brute_force_and_in_memory_store(kv: Store) -> None:
 
 
 def test_rewrites_and_deletes_replace_vectors(kv: Store) -> None:
-    vectors = Vectors(config(Embedder(), ["a", "b"]))  # type: ignore[arg-type]
+    vectors = vectors_on(kv, config(Embedder(), ["a", "b"]))
     put(kv, vectors, ("n",), "k", {"a": "one", "b": "two"})
     put(kv, vectors, ("n",), "k", {"a": "three"})  # b's vector goes
     assert ranked(kv, vectors, "two")[0][2] == pytest.approx(
@@ -290,7 +316,7 @@ def test_rewrites_and_deletes_replace_vectors(kv: Store) -> None:
 
 
 def test_zero_vectors_score_zero(kv: Store) -> None:
-    vectors = Vectors(config(lambda texts: [[0.0] * DIMS for _ in texts]))  # type: ignore[arg-type]
+    vectors = vectors_on(kv, config(lambda texts: [[0.0] * DIMS for _ in texts]))
     put(kv, vectors, ("n",), "k", {"a": "x"})
     with kv.read() as txn:
         assert list(vectors.ranked(txn, [0.0] * DIMS, ())) == [(("n",), "k", 0.0)]
@@ -336,7 +362,8 @@ def check_all(store: Store, vectors: Vectors, model: Model, rng: np.random.Gener
         )
 
 
-def test_cache_follows_puts_deletes_and_reputs(kv: Store) -> None:
+def test_cache_follows_puts_deletes_and_reputs(numpy_kv: Store) -> None:
+    kv = numpy_kv
     rng = np.random.default_rng(11)
     fields = ["title", "body[*]"]
     writer = Vectors(config(Embedder(), fields))  # type: ignore[arg-type]
@@ -352,7 +379,8 @@ def test_cache_follows_puts_deletes_and_reputs(kv: Store) -> None:
     assert reader._cache is not None and reader._cache.seq > 0
 
 
-def test_cache_compacts_dead_rows(kv: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cache_compacts_dead_rows(numpy_kv: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    kv = numpy_kv
     monkeypatch.setattr(vmod, "COMPACT_DEAD", 64)
     vectors = Vectors(config(Embedder(), ["t"]))  # type: ignore[arg-type]
     model = Model(vectors)
@@ -371,8 +399,9 @@ def test_cache_compacts_dead_rows(kv: Store, monkeypatch: pytest.MonkeyPatch) ->
 
 
 def test_log_is_trimmed_and_a_cache_too_far_behind_rebuilds(
-    kv: Store, monkeypatch: pytest.MonkeyPatch
+    numpy_kv: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    kv = numpy_kv
     monkeypatch.setattr(vmod, "LOG_KEEP", 8)
     rng = np.random.default_rng(5)
     writer = Vectors(config(Embedder(), ["t"]))  # type: ignore[arg-type]
@@ -395,8 +424,9 @@ def test_log_is_trimmed_and_a_cache_too_far_behind_rebuilds(
         assert log == list(range(max(1, seq - 7), seq + 1))
 
 
-def test_a_reader_behind_the_cache_sees_its_own_snapshot(kv: Store) -> None:
+def test_a_reader_behind_the_cache_sees_its_own_snapshot(numpy_kv: Store) -> None:
     """One thread's snapshot older than the cache another thread brought forward."""
+    kv = numpy_kv
     rng = np.random.default_rng(9)
     vectors = Vectors(config(Embedder(), ["t"]))  # type: ignore[arg-type]
     model = Model(vectors)
@@ -424,7 +454,7 @@ def test_a_search_in_a_write_transaction_sees_its_writes_and_a_rollback_leaves_n
     kv: Store,
 ) -> None:
     rng = np.random.default_rng(13)
-    vectors = Vectors(config(Embedder(), ["t"]))  # type: ignore[arg-type]
+    vectors = vectors_on(kv, config(Embedder(), ["t"]))
     model = Model(vectors)
 
     class Rollback(Exception):
@@ -460,7 +490,7 @@ def test_a_search_in_a_write_transaction_sees_its_writes_and_a_rollback_leaves_n
 
 def test_an_emptied_store_written_again_is_not_taken_for_the_old_one(kv: Store) -> None:
     rng = np.random.default_rng(17)
-    vectors = Vectors(config(Embedder(), ["t"]))  # type: ignore[arg-type]
+    vectors = vectors_on(kv, config(Embedder(), ["t"]))
     model = Model(vectors)
     for i in range(4):
         put(kv, vectors, ("a",), f"k{i}", {"t": f"v{i}"})
@@ -555,7 +585,7 @@ def test_two_processes_see_each_others_acknowledged_writes(tmp_path: Path) -> No
 def test_ranked_without_vecdot_is_the_same(kv: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """numpy before 2.0 has no vecdot: einsum computes the same ranking."""
     rng = np.random.default_rng(23)
-    vectors = Vectors(config(Embedder(), ["t"]))  # type: ignore[arg-type]
+    vectors = vectors_on(kv, config(Embedder(), ["t"]))
     model = Model(vectors)
     for i in range(60):
         put(kv, vectors, NAMESPACES[i % 3], f"k{i}", {"t": f"v{i}"})

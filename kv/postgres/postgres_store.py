@@ -19,7 +19,7 @@ from .cache import _Cache
 from .connections import _close_pool, _Connections, _Lingering
 from .driver import _IDLE, _psycopg
 from .errors import _translate
-from .statements import FORMAT_VERSION, _Queries
+from .statements import FORMAT_VERSION, _Queries, _VectorQueries
 from .transact import POLL_SECONDS, _GroupCommit
 from .txn import _PGTxn
 
@@ -128,6 +128,7 @@ class PostgresStore(_Connections, _GroupCommit, Store):
         self.speculate = speculate
         self.prepare = prepare
         self._q = _Queries(table)
+        self._vq: _VectorQueries | None = None  # open_vectors
         self._begin_write = "BEGIN ISOLATION LEVEL SERIALIZABLE"
         self._begin_read = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
         self._closed = False
@@ -325,6 +326,109 @@ class PostgresStore(_Connections, _GroupCommit, Store):
                     f"table {self.table!r} was written by PostgresStore format {version}; "
                     f"this version reads format {FORMAT_VERSION} and older. Upgrade kvsaver."
                 )
+
+    # -- vectors (SupportsVectors) ---------------------------------------------------
+    def open_vectors(
+        self,
+        dims: int,
+        hnsw: dict[str, int] | None = None,
+        fill: Callable[[Any], None] | None = None,
+    ) -> bool:
+        """The vectors' table (``<table>_vectors``, see ``_VectorQueries``),
+        made if missing, with pgvector's extension (``CREATE EXTENSION IF NOT
+        EXISTS vector``) where the server has it available and lets us; and
+        ``hnsw``'s index, made if missing. False: no pgvector, or a read-only
+        store that finds no table."""
+        vq = self._vq
+        if vq is not None:
+            if (vq.dims, vq.hnsw) != (dims, hnsw):
+                raise ValueError(
+                    f"{self!r}'s vectors are open with dims={vq.dims}, hnsw={vq.hnsw}; "
+                    f"asked for dims={dims}, hnsw={hnsw}"
+                )
+            return True
+        self._check_open()
+        self.setup()
+        found = self._pgvector(dims)
+        if found is None:
+            return False
+        oid, exists = found
+        vq = _VectorQueries(self.table, dims, oid, hnsw)
+        if self.readonly:
+            if not exists:
+                return False
+        else:
+            self.transact(lambda txn: self._make_vectors(txn, vq, fill))
+        self._vq = vq
+        return True
+
+    def _pgvector(self, dims: int) -> tuple[int, bool] | None:
+        """(the ``vector`` type's oid, whether the vectors' table exists), the
+        extension created if it can be; None: the server has no pgvector."""
+        from psycopg import errors
+
+        conn = self._getconn()
+        lost = False
+        try:
+            have, available = conn.execute(
+                "SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'vector'), "
+                "EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'vector')"
+            ).fetchone()
+            if not have:
+                if not available or self.readonly:
+                    return None
+                try:
+                    conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+                except (errors.InsufficientPrivilege, errors.FeatureNotSupported):
+                    return None
+            name = f"{self.table}_vectors"
+            oid, typmod = conn.execute(
+                "SELECT 'vector'::regtype::oid, (SELECT a.atttypmod FROM pg_attribute a "
+                "WHERE a.attrelid = to_regclass(%s) AND a.attname = 'embedding')",
+                (name,),
+            ).fetchone()
+        except Exception as e:
+            lost = bool(conn.broken)
+            raise _translate(e, "vectors' setup") from e
+        finally:
+            self._putconn(conn, lost)
+        if typmod is not None and typmod != dims:
+            raise ValueError(
+                f"table {name!r} holds vectors of {typmod} dims; the index config says dims={dims}"
+            )
+        return int(oid), typmod is not None
+
+    def _make_vectors(
+        self, txn: _PGTxn, vq: _VectorQueries, fill: Callable[[Any], None] | None
+    ) -> None:
+        """In one transaction, under the store's setup lock: the table made
+        (and ``fill`` run) if missing, the HNSW index if asked for and
+        missing."""
+        from psycopg import sql
+
+        txn._vq = vq
+        conn = txn._conn
+        # (an int: the driver loads no void)
+        lock = sql.SQL("SELECT 1 FROM pg_advisory_xact_lock(hashtext({}))").format(
+            sql.Literal(f"kvsaver.kv:{self.table}")
+        )
+        txn._run(lock.as_string(conn), None)
+        exists = sql.SQL("SELECT to_regclass({}) IS NOT NULL").format(sql.Literal(vq.regclass))
+        if not txn._run(exists.as_string(conn), None).fetchone()[0]:
+            txn._run(vq.create.as_string(conn), None)
+            if fill is not None:
+                fill(txn)
+        if vq.hnsw is not None:
+            options = sql.SQL(", ").join(
+                sql.SQL("{} = {}").format(sql.Identifier(k), sql.Literal(int(v)))
+                for k, v in sorted(vq.hnsw.items())
+            )
+            index = sql.SQL(
+                "CREATE INDEX IF NOT EXISTS {} ON {} USING hnsw (embedding vector_cosine_ops)"
+            ).format(vq.index_name, vq.table)
+            if vq.hnsw:
+                index = sql.SQL("{} WITH ({})").format(index, options)
+            txn._run(index.as_string(conn), None)
 
     # -- the Store protocol ----------------------------------------------------------
     def read(self) -> _ReadContext:

@@ -7,9 +7,11 @@ talks to the server; what it is sent is made in this one place.
 
 from __future__ import annotations
 
+import array
 import hashlib
 import re
 import struct
+import sys
 from collections.abc import Sequence
 from typing import Any, cast
 
@@ -248,12 +250,16 @@ _DUMPERS: list[tuple[type, type]] = []
 
 def _register_arrays(conn: Any) -> None:
     """Teach a connection to send our arrays as they are (bytea[]: oid 1001,
-    bool[]: oid 1000, binary)."""
+    bool[]: oid 1000, binary), and our vectors (their type left unknown)."""
     if not _DUMPERS:
         from psycopg import pq
         from psycopg.adapt import Dumper
 
-        arrays: tuple[tuple[type, int], ...] = ((_ByteaArray, 1001), (_BoolArray, 1000))
+        arrays: tuple[tuple[type, int], ...] = (
+            (_ByteaArray, 1001),
+            (_BoolArray, 1000),
+            (_VectorValue, 0),
+        )
         for cls, oid in arrays:
 
             class ArrayDumper(Dumper):
@@ -266,3 +272,100 @@ def _register_arrays(conn: Any) -> None:
             _DUMPERS.append((cls, ArrayDumper))
     for cls, dumper in _DUMPERS:
         conn.adapters.register_dumper(cls, dumper)
+
+
+class _VectorQueries:
+    """The statements of a store's vectors: a table beside the store's,
+    ``<table>_vectors (key bytea PRIMARY KEY REFERENCES <table> ON DELETE
+    CASCADE, embedding vector(dims))``: the server removes a key's vector
+    with the key, whichever statement deletes it. ``hnsw`` (its options):
+    searches order by the bare distance, which an HNSW index serves
+    (approximate); without, by the distance with a zero vector's NaN taken
+    as 1 and then the key, which no index serves: a scan, exact."""
+
+    def __init__(self, table: str, dims: int, oid: int, hnsw: dict[str, int] | None = None) -> None:
+        from psycopg import sql
+
+        *schema, name = table.split(".")
+        kv = sql.Identifier(*schema, name)
+        t = sql.Identifier(*schema, f"{name}_vectors")
+        self.table, self.dims, self.oid, self.hnsw = t, dims, oid, hnsw
+        self.regclass = ".".join([*schema, f"{name}_vectors"])
+        self.index_name = sql.Identifier(f"{name}_vectors_hnsw")
+        digest = hashlib.sha1(f"{table}:{dims}:{hnsw is not None}".encode()).hexdigest()[:16]
+        self.create = sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (key bytea PRIMARY KEY REFERENCES {} (key) "
+            "ON DELETE CASCADE, embedding vector({}) NOT NULL)"
+        ).format(t, kv, sql.Literal(dims))
+
+        def stmt(kind: str, template: str, types: tuple[int, ...]) -> _Stmt:
+            # {0}: the vectors' table, {1}: the store's
+            text = sql.SQL(template).format(t, kv)
+            numbered = sql.SQL(_numbered(template)).format(t, kv)
+            return _Stmt(text, f"kvsaver_{kind}_{digest}".encode(), numbered, types)
+
+        self.upsert = stmt(
+            "vput",
+            "INSERT INTO {0} (key, embedding) SELECT * FROM unnest(%b::bytea[], %b::vector[]) "
+            "ON CONFLICT (key) DO UPDATE SET embedding = EXCLUDED.embedding",
+            (_BYTEA_ARRAY, 0),
+        )
+        # The records of the nearest keys, in that order, each value one index
+        # lookup (a join may be planned as a scan of the store's whole table).
+        # Exact: the range's vectors, a zero vector's NaN taken as 1 (a score
+        # of 0), then by key; no index serves that order: a scan. HNSW: the
+        # index's nearest (no more than hnsw.ef_search), then those in the
+        # range: with the range in the same query the planner would scan it
+        # by the key instead of asking the index.
+        value = "(SELECT t.value FROM {1} AS t WHERE t.key = v.key)"
+        if hnsw is None:
+            template = (
+                f"SELECT v.key, {value} FROM (SELECT key, embedding <=> %b::vector AS d "
+                "FROM {0} WHERE key >= %b AND key < %b "
+                "ORDER BY coalesce(nullif(embedding <=> %b::vector, 'NaN'), 1), key "
+                "LIMIT %s OFFSET %s) AS v ORDER BY coalesce(nullif(v.d, 'NaN'), 1), v.key"
+            )
+            types: tuple[int, ...] = (0, _BYTEA, _BYTEA, 0, _INT8, _INT8)
+        else:
+            template = (
+                f"SELECT v.key, {value} FROM (SELECT key, embedding <=> %b::vector AS d "
+                "FROM {0} ORDER BY embedding <=> %b::vector LIMIT %s) AS v "
+                "WHERE v.key >= %b AND v.key < %b ORDER BY v.d LIMIT %s OFFSET %s"
+            )
+            types = (0, 0, _INT8, _BYTEA, _BYTEA, _INT8, _INT8)
+        self.search = stmt("vsearch", template, types)
+        # HNSW returns at most ef_search rows: set for each search, to what it asks.
+        self.ef_search = _Stmt(
+            sql.SQL("SELECT set_config('hnsw.ef_search', %b::text, true)"),
+            f"kvsaver_vef_{digest}".encode(),
+            sql.SQL("SELECT set_config('hnsw.ef_search', $1::text, true)"),
+            (_INT8,),
+        )
+
+    def vector(self, little: bytes) -> _VectorValue:
+        """A vector parameter in pgvector's binary format (dims, 0, big-endian
+        float32) from little-endian float32 bytes."""
+        if len(little) != 4 * self.dims:
+            raise ValueError(f"a vector of {len(little) // 4} dims; the vectors have {self.dims}")
+        floats = array.array("f", little)
+        if sys.byteorder == "little":
+            floats.byteswap()
+        return _VectorValue(_VHEAD.pack(self.dims, 0) + floats.tobytes())
+
+    def vectors(self, items: Sequence[bytes]) -> _VectorValue:
+        """A ``vector[]`` in the binary array format (of ``vector``'s oid)."""
+        if not items:
+            return _VectorValue(struct.pack("!iii", 0, 0, self.oid))
+        head = _HEAD.pack(1, 0, self.oid, len(items), 1)
+        size = _LEN.pack(4 + 4 * self.dims)
+        return _VectorValue(b"".join([head, *(size + self.vector(v) for v in items)]))
+
+
+_VHEAD = struct.Struct("!hh")
+
+
+class _VectorValue(bytes):
+    """A ``vector`` or ``vector[]`` parameter, binary: sent as it is, its type
+    (an extension's oid) left for the server to take from the statement's cast."""
+
+    __slots__ = ()

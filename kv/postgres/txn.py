@@ -60,6 +60,10 @@ class _PGTxn:
         self._open = True
         self._known: dict[bytes, bytes | None] = {}
         self._dirty: dict[bytes, bytes | None] = {}
+        # Vectors (SupportsVectors): their statements, once the store opened
+        # them, and the vectors put not yet sent (after the records' writes).
+        self._vq = store._vq
+        self._vdirty: dict[bytes, bytes] = {}
         # First chunks of scans not yet sent: they go with the next round trip.
         self._queue: list[tuple[Any, Any, _Pending | None]] = []
         self._xid = _Pending((), 1)
@@ -187,6 +191,7 @@ class _PGTxn:
             len(self._ranges),
             len(self._queue),
             dict(self._unclaimed),
+            dict(self._vdirty),
         )
 
     def _restore(self, mark: tuple[Any, ...]) -> bool:
@@ -194,7 +199,8 @@ class _PGTxn:
         sent some of it, or a statement failed)."""
         if mark[0] != self._sent or self.failed is not None or not self._open:
             return False
-        _, self._known, self._dirty, self._assumed, keys, ranges, queued, self._unclaimed = mark
+        _, self._known, self._dirty, self._assumed, keys, ranges, queued, self._unclaimed = mark[:8]
+        self._vdirty = mark[8]
         del self.assumed_keys[keys:]
         del self._ranges[ranges:]
         del self._queue[queued:]
@@ -240,7 +246,7 @@ class _PGTxn:
         return [(self._q.guard, (_bytea_array(keys), _bytea_array(values), _bool_array(hashed)))]
 
     def _flush_statements(self) -> list[tuple[Any, Any]]:
-        if not self._dirty:
+        if not self._dirty and not self._vdirty:
             return []
         puts = [(k, v) for k, v in self._dirty.items() if v is not None]
         dels = [k for k, v in self._dirty.items() if v is None]
@@ -248,7 +254,18 @@ class _PGTxn:
         if puts:
             params = (_bytea_array([k for k, _ in puts]), _bytea_array([v for _, v in puts]))
             out.append((self._q.upsert, params))
-        return out + self._delete_statements(dels)
+        return out + self._vector_statements() + self._delete_statements(dels)
+
+    def _vector_statements(self) -> list[tuple[Any, Any]]:
+        """The vectors put, sent after the records' upsert (a vector's key must
+        be there) and before the deletes (a key deleted after its vector was
+        put takes the vector with it); taken from the buffer."""
+        if not self._vdirty:
+            return []
+        vq, vdirty = self._vq, self._vdirty
+        assert vq is not None
+        self._vdirty = {}
+        return [(vq.upsert, (_bytea_array(list(vdirty)), vq.vectors(list(vdirty.values()))))]
 
     def _delete_statements(self, dels: list[bytes]) -> list[tuple[Any, Any]]:
         if len(dels) > _DELETE_EACH:
@@ -314,7 +331,7 @@ class _PGTxn:
         """The statements of a write-only transaction (none: nothing to do):
         its one statement, then its deletes."""
         assumed, dirty = self._assumed, self._dirty
-        if not assumed and not dirty:
+        if not assumed and not dirty and not self._vdirty:
             return []
         self._assumed = {}
         av: list[bytes | None] = []
@@ -339,7 +356,8 @@ class _PGTxn:
             *(_bytea_array(list(assumed)), _bytea_array(av), _bool_array(ah)),
             *(_bytea_array(pk), _bytea_array(pv)),
         )
-        return [(self._q.write_all, params), *self._delete_statements(dels)]
+        vectors = self._vector_statements()
+        return [(self._q.write_all, params), *vectors, *self._delete_statements(dels)]
 
     def _commit(
         self,
@@ -422,6 +440,7 @@ class _PGTxn:
             raise self.failed from e
         finally:
             self._dirty.clear()
+            self._vdirty.clear()
 
     def _exec_prepared(self, params: Sequence[Any]) -> list[tuple[int]]:
         """The write-only statement, prepared on this connection already (see
@@ -544,6 +563,7 @@ class _PGTxn:
         if self.get(key) is None:
             return False
         self._known[key] = self._dirty[key] = None
+        self._vdirty.pop(key, None)  # its vector goes with it, sent or not
         self._unclaimed.clear()
         return True
 
@@ -559,6 +579,40 @@ class _PGTxn:
         for k in [k for k in self._known if _inside(k, start, stop)]:
             self._known[k] = None
         return n
+
+    # -- VectorTxn (the store's vectors opened: PostgresStore.open_vectors) ------------
+    def _vectors(self) -> Any:
+        if self._vq is None:
+            raise KVError("this store's vectors are not open (PostgresStore.open_vectors)")
+        return self._vq
+
+    def put_vector(self, key: bytes, vector: bytes) -> None:
+        self._require_write()
+        vq = self._vectors()
+        key = bytes(key)
+        vq.vector(vector)  # checked now, not at the commit
+        self._vdirty[key] = bytes(vector)
+        self._unclaimed.clear()
+
+    def search_vectors(
+        self, start: bytes, stop: bytes, query: bytes, limit: int, offset: int = 0
+    ) -> list[tuple[bytes, bytes]]:
+        """The records, by their vectors' distance: one statement, sent with
+        what is buffered (this transaction's own writes are searched too).
+        With HNSW, ``hnsw.ef_search`` is set first to ``offset + limit`` (at
+        least pgvector's default 40, at most its 1000): the index returns
+        no more rows than that, and those outside the range are left out
+        after (a narrow range finds fewer)."""
+        vq = self._vectors()
+        if limit <= 0 or start >= stop:
+            return []
+        vector = vq.vector(query)
+        params: tuple[Any, ...] = (vector, start, stop, vector, limit, offset)
+        if vq.hnsw is not None:
+            ef = min(max(offset + limit, 40), 1000)
+            self._queue.append((vq.ef_search, (ef,), None))
+            params = (vector, vector, ef, start, stop, limit, offset)
+        return [(k, v) for k, v in self._run(vq.search, params).fetchall()]
 
     def scan(
         self,

@@ -101,6 +101,8 @@ class KVStore(BaseStore):
         self._sweeper = TTL.Sweeper()
         try:
             self._check_schema()
+            if self._vectors is not None:
+                self._vectors.attach(self.store)
         except BaseException:
             if self._owns_store:
                 self.store.close()

@@ -18,7 +18,14 @@ change goes through ``write``/``delete``; removing the whole keyspace, the
 counter with it, is seen too (a new counter has a new epoch).
 
 Search is exact, a scan of the cached matrix: an ANN index was measured and
-not taken (docs/performance.md, "Vector search").
+not taken (docs/performance.md, "Vector search"). On a store that keeps
+vectors itself (``SupportsVectors``: PostgreSQL with pgvector) each record's
+vector is also put there, in the same transaction, and the server ranks
+them (``_server_ranked``), exactly by default; an HNSW index (approximate)
+only when the config's ``ann_index_config`` asks for ``{"kind": "hnsw"}``.
+The records stay what the change log, deletes and ``kvsaver sweep`` work on
+(the server removes a vector with its record), and what a store without
+pgvector reads; a store that gains pgvector is filled from them.
 
 Scores are cosine similarities as InMemoryStore computes them (0 for a zero
 vector); an item scores as its best field.
@@ -31,11 +38,11 @@ import os
 import threading
 from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 
 import ormsgpack
 from kvsaver.kv.keys import pack, prefix_range, unpack
-from kvsaver.kv.store import MissingDependencyError, Txn
+from kvsaver.kv.store import MissingDependencyError, Store, SupportsVectors, Txn, VectorTxn
 from langgraph.store.base import IndexConfig
 from langgraph.store.base.embed import ensure_embeddings, get_text_at_path, tokenize_path
 
@@ -130,12 +137,29 @@ class Vectors:
                 f"index config: distance_type {distance!r} is not supported: "
                 "KVStore scores by cosine similarity ('cosine')"
             )
+        self.hnsw = ann_index(config)
+        self.server = False  # the store ranks the vectors (attach)
+        # How far the server's cosine may be from numpy's (float32 sums of
+        # ``dims`` terms, both): a generous bound, only ever costing rows read.
+        self._margin = max(1e-5, dims * 2.0**-21)
         self.embeddings = ensure_embeddings(config.get("embed"))
         self.fields: list[tuple[str, str | list[str]]] = [
             (p, p) if p == "$" else (p, tokenize_path(p)) for p in (config.get("fields") or ["$"])
         ]
         self._lock = threading.Lock()
         self._cache: _Cache | None = None
+
+    def attach(self, store: Store) -> None:
+        """Rank on the store's server when it keeps vectors (``SupportsVectors``
+        and pgvector there); its vectors filled from the records when it makes
+        their table."""
+        if isinstance(store, SupportsVectors):
+            self.server = store.open_vectors(self.dims, self.hnsw, self._fill)
+
+    def _fill(self, txn: Txn) -> None:
+        vtxn = cast(VectorTxn, txn)
+        for rkey, raw in txn.scan(*namespace_range(())[:2]):
+            vtxn.put_vector(rkey, self.decode(raw)[3])
 
     # -- texts and embeddings ------------------------------------------------
 
@@ -219,6 +243,8 @@ class Vectors:
         nsl = list(ns)
         for rkey, vec, field in records:
             txn.put(rkey, ormsgpack.packb([nsl, key, field, vec]))
+            if self.server:
+                cast(VectorTxn, txn).put_vector(rkey, vec)
         _logged(txn, ns, key)
 
     # -- search ----------------------------------------------------------------
@@ -268,6 +294,9 @@ class Vectors:
         uncommitted writes, or changes the matrix is ahead by) are read from
         ``txn`` and merged in."""
         q = self.query_vector(query)
+        if self.server:
+            yield from self._server_ranked(cast(VectorTxn, txn), q, ns_prefix)
+            return
         overlay: set[Item] = set()
         with self._lock:
             plan = self._plan(txn)
@@ -295,6 +324,61 @@ class Vectors:
             if item not in seen:
                 seen.add(item)
                 yield item[0], item[1], score
+
+    def _server_ranked(
+        self, txn: VectorTxn, q: np.ndarray, ns_prefix: tuple[str, ...]
+    ) -> Iterator[tuple[tuple[str, ...], str, float]]:
+        """``ranked`` by the server: pages of records nearest first, each
+        scored here as the numpy path scores it (the same float32 bytes, the
+        same arithmetic), and yielded in that order once no record not read
+        yet can come before it: the server's order is by its own cosine, at
+        most ``_margin`` from ours. With HNSW (approximate), each page as it
+        comes, scored here."""
+        start, stop, exact = namespace_range(ns_prefix)
+        query = q.tobytes()
+        waiting: list[Scored] = []  # read, not yet yielded: a heap by _order
+        seen: set[Item] = set()
+        offset, page = 0, 64
+        while True:
+            got = txn.search_vectors(start, stop, query, page, offset)
+            offset += len(got)
+            rows = self._page(got, None if exact else ns_prefix)
+            scores = dot(rows.matrix, q).tolist()
+            for score, tie, item in zip(scores, rows.ties, rows.items):
+                heapq.heappush(waiting, (-score, tie, item))  # type: ignore[arg-type]
+            last = len(got) < page
+            if self.hnsw is not None or last or not got:
+                bound = float("inf")  # yield all read
+            else:  # what a record not read yet may score at most
+                bound = -(self._score(got[-1][1], q) + 2 * self._margin)
+            while waiting and (last or self.hnsw is not None or waiting[0][0] < bound):
+                neg, _tie, item = heapq.heappop(waiting)
+                if item not in seen:
+                    seen.add(item)
+                    yield item[0], item[1], -neg
+            if last:
+                return
+            page = min(page * 4, 4096)
+
+    def _page(self, got: list[tuple[bytes, bytes]], ns_prefix: tuple[str, ...] | None) -> _Rows:
+        """A page of records as ``rows`` makes them (unit rows, ties, items)."""
+        ties: list[bytes] = []
+        items: list[Item] = []
+        blobs: list[bytes] = []
+        for rkey, raw in got:
+            ns, key, _field, vec = self.decode(raw)
+            if ns_prefix is not None and ns[: len(ns_prefix)] != ns_prefix:
+                continue
+            ties.append(rkey)
+            items.append((ns, key))
+            blobs.append(vec)
+        np = self._np
+        matrix = np.frombuffer(bytearray().join(blobs), dtype=np.float32)
+        return _Rows(unit_rows(np, matrix.reshape(len(blobs), self.dims)), ties, items)
+
+    def _score(self, raw: bytes, q: np.ndarray) -> float:
+        vec = self._np.frombuffer(bytearray(self.decode(raw)[3]), dtype=self._np.float32)
+        return float(dot(unit_rows(self._np, vec.reshape(1, self.dims)), q)[0])
 
     def _plan(self, txn: Txn) -> tuple[_Cache, set[Item]] | None:
         """The cache, at a committed state, and the items whose vectors in
@@ -332,6 +416,44 @@ class Vectors:
 
     def _built(self, txn: Txn, epoch: bytes | None, seq: int) -> _Cache:
         return _Cache(self._np, self.dims, epoch, seq, self.rows(txn, *namespace_range(())[:2]))
+
+
+def ann_index(config: IndexConfig) -> dict[str, int] | None:
+    """The config's ``ann_index_config`` as PostgresStore names it: None for
+    exact search (none, no kind, or ``{"kind": "flat"}``), HNSW's options for
+    ``{"kind": "hnsw", "m": ..., "ef_construction": ...}``; anything else
+    refused. Only a store with pgvector has an index; elsewhere search is
+    exact whatever the config says."""
+    ann = config.get("ann_index_config")  # type: ignore[misc]
+    if ann is None:
+        return None
+    if not isinstance(ann, dict):
+        raise ValueError(f"index config: ann_index_config must be a dict, not {ann!r}")
+    ann = dict(ann)
+    # Exact unless an index is asked for by name (PostgresStore's default
+    # kind is hnsw). Vectors are kept as float32 whatever the vector_type.
+    kind = ann.pop("kind", "flat")
+    vector_type = ann.pop("vector_type", "vector")
+    if vector_type not in ("vector", "halfvec"):
+        raise ValueError(
+            f"index config: ann_index_config's vector_type {vector_type!r} is not "
+            "'vector' or 'halfvec'"
+        )
+    allowed = {"flat": set(), "hnsw": {"m", "ef_construction"}}
+    if kind not in allowed:
+        raise ValueError(
+            f"index config: ann_index_config kind {kind!r} is not supported: "
+            "'hnsw' (an approximate index, on PostgreSQL with pgvector) or 'flat' (exact)"
+        )
+    unknown = set(ann) - allowed[kind]
+    if unknown:
+        raise ValueError(
+            f"index config: ann_index_config of kind {kind!r} takes no {sorted(unknown)}"
+        )
+    for name, value in ann.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"index config: ann_index_config {name} must be a positive int")
+    return ann if kind == "hnsw" else None
 
 
 Item = tuple[tuple[str, ...], str]
