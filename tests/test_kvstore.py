@@ -20,7 +20,13 @@ import ormsgpack
 import pytest
 from click.testing import CliRunner
 from kvsaver import KVSaver, KVStore, OptionError, Retention
-from kvsaver.kv import FormatVersionError, MemoryStore, MissingDependencyError, ReadOnlyError
+from kvsaver.kv import (
+    CorruptStoreError,
+    FormatVersionError,
+    MemoryStore,
+    MissingDependencyError,
+    ReadOnlyError,
+)
 from kvsaver.kv.keys import unpack
 from kvsaver.kvstore import keyspace as KS
 from kvsaver.kvstore import ops as OPS
@@ -423,6 +429,19 @@ def test_stored_times_read_back_to_the_microsecond() -> None:
     edges = [0, 1, 999_999, 1_000_000, 2**31 * 10**6 - 1, 7_258_118_400 * 10**6 - 1]
     for us in edges + [rnd.randrange(7_258_118_400 * 10**6) for _ in range(200_000)]:
         assert OPS.when(us) == epoch + timedelta(microseconds=us), us
+
+
+def test_a_damaged_item_record_is_a_clear_error(store: KVStore) -> None:
+    store.put(("dmg",), "k", {"v": 1})
+    with store.store.read() as txn:
+        ns_id = OPS.stored_ns_id(txn, ("dmg",))
+    assert ns_id is not None
+    with store.store.write() as txn:
+        txn.put(KS.item_key(ns_id, KS.key_element("k")), ormsgpack.packb(["k", 1, b""]))
+    with pytest.raises(CorruptStoreError, match="3 fields, not 8"):
+        store.get(("dmg",), "k")
+    with pytest.raises(CorruptStoreError, match="3 fields, not 8"):
+        store.search(("dmg",))
 
 
 @pytest.mark.parametrize("slots_known", [True, False])

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 import ormsgpack
 from kvsaver.kv.keys import INT_ZERO, pack, prefix_range, unpack
+from kvsaver.kv.store import CorruptStoreError
 
 from ..keyspace import STORE, _el, k, store_range
 from ..keyspace import STORE_ITEM as ITEM
@@ -224,7 +225,16 @@ def encode_item(rec: ItemRecord) -> bytes:
 
 
 def decode_item(raw: bytes) -> ItemRecord:
-    return ItemRecord(*ormsgpack.unpackb(raw))
+    # tuple.__new__ takes the unpacked list as it is: ItemRecord(*fields) is a
+    # Python call of eight arguments, on every item a read decodes.
+    rec = _new_tuple(ItemRecord, ormsgpack.unpackb(raw))
+    if len(rec) != _ITEM_FIELDS:
+        raise CorruptStoreError(f"a store item's record has {len(rec)} fields, not {_ITEM_FIELDS}")
+    return rec
+
+
+_new_tuple = tuple.__new__
+_ITEM_FIELDS = len(ItemRecord._fields)
 
 
 class NamespaceRecord(NamedTuple):
