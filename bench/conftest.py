@@ -68,3 +68,26 @@ def pg_url() -> Iterator[str | None]:
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def pgvector_url() -> Iterator[str | None]:
+    """A second throwaway server, with pgvector (the pgserver wheel's
+    PostgreSQL, the tests' test extra), or KVSAVER_BENCH_PGVECTOR_URL's; None
+    where pgserver is not installed."""
+    url = os.environ.get("KVSAVER_BENCH_PGVECTOR_URL")
+    if url:
+        yield url
+        return
+    from pg_helpers import PgServer, Unavailable, pgserver_bindir
+
+    try:
+        server = PgServer(pgserver_bindir())
+    except Unavailable:
+        yield None
+        return
+    try:
+        server.start(durable=True)
+        yield server.url
+    finally:
+        server.stop()

@@ -23,6 +23,11 @@ is not in it):
                      server, WITHOUT an index (its vector search needs the
                      pgvector extension, which the test server lacks), so it
                      has no vector-search row and its puts embed nothing
+  KVStore-pgvector   ``KVStore(url, index=...)`` on a second throwaway server
+                     with pgvector (the pgserver wheel's PostgreSQL 16): it
+                     ranks on the server, exactly (no ``ann_index_config``)
+  PostgresStore-pgvector  PostgresStore with the index on that server, with
+                     its default ``ann_index_config`` (an HNSW index)
 
 The items, at 10k and 100k (``--quick``: 500 and 2,000): 100 per namespace
 ``("users", "user-NNNN", "memories")``, key ``mem-NNNNNN``, value
@@ -99,6 +104,8 @@ KV_PG = "KVStore-postgres"
 SQLITE = "SqliteStore"
 INMEM = "InMemoryStore"
 PG = "PostgresStore"
+KV_PGV = "KVStore-pgvector"
+PG_PGV = "PostgresStore-pgvector"
 SIZES = pick([10_000, 100_000], [500, 2_000])
 PG_SIZES = SIZES[:1]
 PER_NS = 100
@@ -262,18 +269,19 @@ def _inmemory(size: int) -> tuple[BaseStore, Callable[[], None]]:
     return store, lambda: None
 
 
-def _postgres(url: str, size: int) -> tuple[BaseStore, Callable[[], None]]:
+def _postgres(url: str, size: int, vector: bool = False) -> tuple[BaseStore, Callable[[], None]]:
     import psycopg
     from langgraph.store.postgres import PostgresStore
     from psycopg.rows import dict_row
 
     conn = psycopg.connect(
-        fresh_database(url, f"pgstore_{size}"),
+        fresh_database(url, f"pgstore_{size}_{int(vector)}"),
         autocommit=True,
         prepare_threshold=0,
         row_factory=dict_row,
     )
-    store = PostgresStore(conn)  # no index: pgvector is not on the server
+    # no index where the server has no pgvector
+    store = PostgresStore(conn, index=INDEX if vector else None)  # type: ignore[arg-type]
     store.setup()
     _fill(store, size)
     return store, conn.close
@@ -286,7 +294,9 @@ def _kv_postgres(url: str, size: int) -> tuple[BaseStore, Callable[[], None]]:
 
 
 @pytest.fixture(scope="module", params=SIZES, ids=lambda n: _size(n))
-def stores(request: Any, tmp_path_factory: Any, pg_url: str | None) -> Iterator[Stores]:
+def stores(
+    request: Any, tmp_path_factory: Any, pg_url: str | None, pgvector_url: str | None
+) -> Iterator[Stores]:
     size: int = request.param
     work = str(tmp_path_factory.mktemp(f"store-{size}"))
     builds: dict[str, Callable[[], tuple[BaseStore, Callable[[], None]]]] = {
@@ -311,6 +321,13 @@ def stores(request: Any, tmp_path_factory: Any, pg_url: str | None) -> Iterator[
         if KVStore is not None:
             builds[KV_PG] = lambda: _kv_postgres(pg_url, size)
         info["postgres"] = "PostgresStore without index (no pgvector on the server)"
+    if pgvector_url is None:
+        info["pgvector"] = "pgserver not installed: no pgvector rows"
+    elif size in PG_SIZES:
+        builds[PG_PGV] = lambda: _postgres(pgvector_url, size, vector=True)
+        if KVStore is not None:
+            builds[KV_PGV] = lambda: _kv_postgres(pgvector_url, size)
+        info["pgvector"] = "PostgreSQL 16 with pgvector (pgserver's binaries)"
     rows = {name: _timed_build(b) for name, b in builds.items()}
     info["build_seconds"] = {n: round(b.seconds, 1) for n, b in rows.items()}
     keys = [item(i)[:2] for i in range(size)]

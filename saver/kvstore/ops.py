@@ -288,28 +288,48 @@ class Run:
             return False
 
         done = want == 0
-        if not done:
-            for ns, key, score in self.vectors.ranked(self.txn, query, op.namespace_prefix):
+        ranked = self.vectors.ranked(self.txn, query, op.namespace_prefix)
+        # candidates looked up at first, in one read: enough if they all match
+        n = min(skip + want, _CHUNK)
+        while not done:
+            chunk = list(itertools.islice(ranked, n))
+            if not chunk:
+                break
+            for (_, _, score), found in zip(chunk, self._lookups(chunk)):
                 if group and abs(score - group_score) > _TIE:
                     if flush():
                         done = True
                         break
                 if not group:
                     group_score = score
-                ns_id = self.ns_id(ns)
-                if ns_id is None:
+                if found is None:
                     continue
-                hit = live_lookup(self.txn, ns_id, key, self.now_ms)
-                if hit is None:
-                    continue
-                value = ormsgpack.unpackb(hit[1].value)
+                ns_id, el, rec = found
+                value = ormsgpack.unpackb(rec.value)
                 if CK.matches(value, op.filter):
-                    group.append((ns_id, hit[0], hit[1], value, float(score)))
-            if not done and group:
-                flush()
+                    group.append((ns_id, el, rec, value, float(score)))
+            n = min(2 * n, _CHUNK)
+        if not done and group:
+            flush()
         if len(kept) < want:
             kept.extend(self._plain(op, spaces, 0, want - len(kept), False))
         return kept
+
+    def _lookups(self, ranked: list[tuple[tuple[str, ...], str, float]]) -> list[_Hit | None]:
+        """The live item of each (namespace, key, score), in one ``get_many``
+        (one round trip on PostgreSQL); None where there is none."""
+        ids = [self.ns_id(ns) for ns, _, _ in ranked]
+        els = [KS.key_element(key) for _, key, _ in ranked]
+        wanted = [
+            (i, ns_id, el) for i, (ns_id, el) in enumerate(zip(ids, els)) if ns_id is not None
+        ]
+        raws = self.txn.get_many([KS.item_key(ns_id, el) for _, ns_id, el in wanted])
+        out: list[_Hit | None] = [None] * len(ranked)
+        for (i, ns_id, el), raw in zip(wanted, raws):
+            rec = record_of(raw, ranked[i][1])
+            if rec is not None and self.live(rec):
+                out[i] = (ns_id, el, rec)
+        return out
 
     def list_namespaces(self, op: ListNamespacesOp) -> list[tuple[str, ...]]:
         """The namespace records in key order, a chunk at a time; while every
@@ -491,11 +511,17 @@ def stored_ns_id(txn: Txn, ns: tuple[str, ...]) -> int | None:
 def lookup(txn: Txn, ns_id: int, key: str) -> tuple[bytes, KS.ItemRecord] | None:
     """The item's key element and record (live or not): one read."""
     el = KS.key_element(key)
-    raw = txn.get(KS.item_key(ns_id, el))
+    rec = record_of(txn.get(KS.item_key(ns_id, el)), key)
+    return None if rec is None else (el, rec)
+
+
+def record_of(raw: bytes | None, key: str) -> KS.ItemRecord | None:
+    """The record read at an item key's place, if it is that key's (a long
+    key's element is a surrogate that another key may share)."""
     if raw is None:
         return None
-    item = KS.decode_item(raw)
-    return (el, item) if item.key == key else None
+    rec = KS.decode_item(raw)
+    return rec if rec.key == key else None
 
 
 def live_lookup(txn: Txn, ns_id: int, key: str, now_ms: int) -> tuple[bytes, KS.ItemRecord] | None:
