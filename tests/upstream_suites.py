@@ -239,17 +239,22 @@ class _Backend:
 _BACKEND = _Backend()
 
 
-@pytest.fixture(params=STORE_BACKENDS, autouse=True)
-def kvstore_backend(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The backend of every store the case opens; they close with the case."""
-    if request.param == "postgres":
-        request.getfixturevalue("pg_server")
-    with ExitStack() as places:
-        _BACKEND.name, _BACKEND.places = request.param, places
-        try:
-            yield request.param
-        finally:
-            _BACKEND.name = _BACKEND.places = None
+def _backend_fixture(backends: list[str]) -> Any:
+    @pytest.fixture(params=backends, autouse=True)
+    def kvstore_backend(request: pytest.FixtureRequest) -> Iterator[str]:
+        """The backend of every store the case opens; they close with the case."""
+        if request.param == "postgres":
+            request.getfixturevalue("pg_server")
+        if request.param == "pgvector":
+            request.getfixturevalue("pgvector_url")
+        with ExitStack() as places:
+            _BACKEND.name, _BACKEND.places = request.param, places
+            try:
+                yield request.param
+            finally:
+                _BACKEND.name = _BACKEND.places = None
+
+    return kvstore_backend
 
 
 class OnBackend(KVStore):
@@ -431,11 +436,14 @@ def left_out(suite: str, case: str, params: dict[str, Any]) -> str | None:
     return None
 
 
-def expose(dist: str, name: str, conftest: tuple[str, ...] = ()) -> dict[str, Any]:
+def expose(
+    dist: str, name: str, conftest: tuple[str, ...] = (), backends: list[str] = STORE_BACKENDS
+) -> dict[str, Any]:
     """What a test module of ours takes into its globals: the suite's test
     functions and classes, its fixtures and those named in ``conftest``
-    from its conftest.py, ``kvstore_backend``, and ``deselected`` (which
-    tests/conftest.py asks). Where the download fails, one failing test."""
+    from its conftest.py, ``kvstore_backend`` (each case on each of
+    ``backends``), and ``deselected`` (which tests/conftest.py asks). Where
+    the download fails, one failing test."""
     suite = f"{_short(dist)}/{name}"
     try:
         modules = load(dist)
@@ -455,7 +463,7 @@ def expose(dist: str, name: str, conftest: tuple[str, ...] = ()) -> dict[str, An
             attr.startswith("Test") and isinstance(obj, type)
         ):
             out[attr] = obj
-    out["kvstore_backend"] = kvstore_backend
+    out["kvstore_backend"] = _backend_fixture(backends)
 
     def deselected(item: pytest.Item) -> str | None:
         case = item.nodeid.split("::", 1)[1].split("[", 1)[0]
