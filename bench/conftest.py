@@ -48,41 +48,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.timeout(1800))
 
 
-@pytest.fixture(scope="module")
-def pg_url() -> Iterator[str | None]:
-    """A throwaway PostgreSQL server with its default durability, or
-    KVSAVER_BENCH_PG_URL's; None where PostgreSQL is not installed."""
-    url = os.environ.get("KVSAVER_BENCH_PG_URL")
-    if url:
-        yield url
-        return
-    from pg_helpers import PgServer, Unavailable
-
-    try:
-        server = PgServer()
-    except Unavailable:
-        yield None
-        return
-    try:
-        server.start(durable=True)
-        yield server.url
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
-def pgvector_url() -> Iterator[str | None]:
-    """A second throwaway server, with pgvector (the pgserver wheel's
-    PostgreSQL, the tests' test extra), or KVSAVER_BENCH_PGVECTOR_URL's; None
-    where pgserver is not installed."""
-    url = os.environ.get("KVSAVER_BENCH_PGVECTOR_URL")
+def _server(env: str, pgvector: bool) -> Iterator[str | None]:
+    """The URL in ``env``, else a throwaway server with its default
+    durability (the system's PostgreSQL, or the pgserver wheel's with
+    pgvector), stopped after; None where its binaries are not installed."""
+    url = os.environ.get(env)
     if url:
         yield url
         return
     from pg_helpers import PgServer, Unavailable, pgserver_bindir
 
     try:
-        server = PgServer(pgserver_bindir())
+        server = PgServer(pgserver_bindir() if pgvector else None)
     except Unavailable:
         yield None
         return
@@ -91,3 +68,16 @@ def pgvector_url() -> Iterator[str | None]:
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str | None]:
+    """A throwaway PostgreSQL server, or KVSAVER_BENCH_PG_URL's."""
+    yield from _server("KVSAVER_BENCH_PG_URL", pgvector=False)
+
+
+@pytest.fixture(scope="module")
+def pgvector_url() -> Iterator[str | None]:
+    """A second throwaway server, with pgvector (the pgserver wheel's
+    PostgreSQL, in the test extra), or KVSAVER_BENCH_PGVECTOR_URL's."""
+    yield from _server("KVSAVER_BENCH_PGVECTOR_URL", pgvector=True)

@@ -37,7 +37,7 @@ import heapq
 import os
 import threading
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 
 import ormsgpack
@@ -269,10 +269,16 @@ class Vectors:
     ) -> _Rows:
         """The records in ``[start, stop)``, as unit rows; those of namespaces
         that start with ``ns_prefix`` only, if given."""
+        return self.rows_of(txn.scan(start, stop), ns_prefix)
+
+    def rows_of(
+        self, records: Iterable[tuple[bytes, bytes]], ns_prefix: tuple[str, ...] | None = None
+    ) -> _Rows:
+        """Vector records (key, value) as unit rows, ties and items."""
         ties: list[bytes] = []
         items: list[Item] = []
         blobs: list[bytes] = []
-        for rkey, raw in txn.scan(start, stop):
+        for rkey, raw in records:
             ns, key, _field, vec = self.decode(raw)
             if ns_prefix is not None and ns[: len(ns_prefix)] != ns_prefix:
                 continue
@@ -342,7 +348,7 @@ class Vectors:
         while True:
             got = txn.search_vectors(start, stop, query, page, offset)
             offset += len(got)
-            rows = self._page(got, None if exact else ns_prefix)
+            rows = self.rows_of(got, None if exact else ns_prefix)
             scores = dot(rows.matrix, q).tolist()
             for score, tie, item in zip(scores, rows.ties, rows.items):
                 heapq.heappush(waiting, (-score, tie, item))  # type: ignore[arg-type]
@@ -359,22 +365,6 @@ class Vectors:
             if last:
                 return
             page = min(page * 4, 4096)
-
-    def _page(self, got: list[tuple[bytes, bytes]], ns_prefix: tuple[str, ...] | None) -> _Rows:
-        """A page of records as ``rows`` makes them (unit rows, ties, items)."""
-        ties: list[bytes] = []
-        items: list[Item] = []
-        blobs: list[bytes] = []
-        for rkey, raw in got:
-            ns, key, _field, vec = self.decode(raw)
-            if ns_prefix is not None and ns[: len(ns_prefix)] != ns_prefix:
-                continue
-            ties.append(rkey)
-            items.append((ns, key))
-            blobs.append(vec)
-        np = self._np
-        matrix = np.frombuffer(bytearray().join(blobs), dtype=np.float32)
-        return _Rows(unit_rows(np, matrix.reshape(len(blobs), self.dims)), ties, items)
 
     def _score(self, raw: bytes, q: np.ndarray) -> float:
         vec = self._np.frombuffer(bytearray(self.decode(raw)[3]), dtype=self._np.float32)
