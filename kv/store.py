@@ -233,11 +233,18 @@ class VectorTxn(Protocol):
         ...
 
     def search_vectors(
-        self, start: bytes, stop: bytes, query: bytes, limit: int, offset: int = 0
+        self,
+        start: bytes,
+        stop: bytes,
+        query: bytes,
+        limit: int,
+        offset: int = 0,
+        exact: bool = False,
     ) -> list[tuple[bytes, bytes]]:
         """The records (key, value) of the keys in ``[start, stop)`` that have
         a vector, by their vector's cosine distance to ``query`` (float32,
         little-endian), nearest first, ties (and zero vectors, at distance 1)
         in key order; ``offset`` skipped, at most ``limit``. With an HNSW
-        index the order is the index's, approximate, and may stop early."""
+        index (and not ``exact``) the order is the index's, approximate, and
+        may return fewer than ``limit`` before the range's end."""
         ...

@@ -17,6 +17,7 @@ import numpy as np
 import psycopg
 import pytest
 from kvsaver import KVStore
+from kvsaver.kv.postgres import txn as pgtxn
 from kvsaver.kv.postgres.statements import _register_arrays
 from kvsaver.kvstore import vectors as vmod
 from kvsaver.kvstore.vectors import Vectors
@@ -204,11 +205,58 @@ def test_a_table_made_after_records_were_written_is_filled(
             before.put(("n", str(i % 3)), f"k{i}", {"text": f"t{i}", "tags": ["zero"]})
         ref = [(i.key, i.score) for i in before.search(("n",), query="t7", limit=50)]
         before.close()
+    monkeypatch.setattr(pgtxn, "VECTORS_EACH", 7)  # the fill sent in statements of 7
     after = KVStore(pgvector_url, index=INDEX, table=table)
     assert after._vectors is not None and after._vectors.server
     assert count_vectors(pgvector_url, table) == 60
     assert [(i.key, i.score) for i in after.search(("n",), query="t7", limit=50)] == ref
     after.close()
+
+
+def test_a_table_name_of_capitals_finds_its_vectors(pgvector_url: str) -> None:
+    """The vectors' table is looked up quoted, as it is made: a second
+    store, read-only or not, finds it (and fills nothing again)."""
+    name = "Pgv" + unique_table("Cap")
+    try:
+        one = KVStore(pgvector_url, index=INDEX, table=name)
+        one.put(("n",), "a", {"text": "t1"})
+        two = KVStore(pgvector_url, index=INDEX, table=name, readonly=True)
+        assert one._vectors is not None and one._vectors.server
+        assert two._vectors is not None and two._vectors.server
+        assert [i.key for i in two.search(("n",), query="t1")] == ["a"]
+        with psycopg.connect(pgvector_url, autocommit=True) as conn:
+            q = sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(f"{name}_vectors"))
+            assert conn.execute(q).fetchone() == (1,)
+        one.close()
+        two.close()
+    finally:
+        drop_tables(pgvector_url, [f"{name}_vectors", name])
+
+
+def test_a_role_that_may_not_make_the_table_ranks_here(pgvector_url: str, table: str) -> None:
+    """pgvector installed, but the store's role may only read and write its
+    table: the store opens and searches on the numpy path."""
+    KVStore(pgvector_url, table=table).close()  # the table, made by its owner
+    role = "app_" + table
+    with psycopg.connect(pgvector_url, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        conn.execute(
+            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
+                sql.Identifier(table), sql.Identifier(role)
+            )
+        )
+    try:
+        url = pgvector_url.replace("postgresql://postgres@", f"postgresql://{role}@")
+        store = KVStore(url, index=INDEX, table=table)
+        assert store._vectors is not None and not store._vectors.server
+        store.put(("n",), "a", {"text": "t1"})
+        assert [i.key for i in store.search(("n",), query="t1")] == ["a"]
+        store.close()
+    finally:
+        with psycopg.connect(pgvector_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
 def test_ann_index_config_kinds(pgvector_url: str, table: str) -> None:
@@ -251,7 +299,7 @@ def test_hnsw_finds_most_of_the_nearest(pgvector_url: str, table: str) -> None:
         vector = vq.vector(queries[0].tobytes())
         low, high = vmod.namespace_range(())[:2]
         params = (vector, vector, 40, low, high, 10, 0)
-        plan = conn.execute(sql.SQL("EXPLAIN ") + vq.search.text, params).fetchall()
+        plan = conn.execute(sql.SQL("EXPLAIN ") + vq.nearest.text, params).fetchall()
     assert f"Index Scan using {table}_vectors_hnsw" in " ".join(r[0] for r in plan)
     unit = matrix / np.linalg.norm(matrix, axis=1)[:, None]
     found = 0
@@ -259,6 +307,13 @@ def test_hnsw_finds_most_of_the_nearest(pgvector_url: str, table: str) -> None:
         exact = {f"k{j}" for j in np.argsort(-(unit @ q))[:10]}
         found += len(exact & {it.key for it in store.search(("n",), query=f"q{i}", limit=10)})
     assert found / (10 * len(queries)) >= 0.95
+    # One namespace of many: the index's nearest hold few of it, and the
+    # rest come in exact order, so a search still fills its limit.
+    store.batch([PutOp(("m", f"u{i % 30}"), f"k{i}", {"text": f"v{i}"}) for i in range(n)])
+    for i in range(5):
+        got = store.search(("m", f"u{i}"), query=f"q{i}", limit=10)
+        assert len(got) == 10 and all(it.namespace == ("m", f"u{i}") for it in got)
+        assert len({it.key for it in got}) == 10
     store.close()
 
 

@@ -19,7 +19,7 @@ from .cache import _Cache
 from .connections import _close_pool, _Connections, _Lingering
 from .driver import _IDLE, _psycopg
 from .errors import _translate
-from .statements import FORMAT_VERSION, _Queries, _VectorQueries
+from .statements import FORMAT_VERSION, _Queries, _VectorQueries, vectors_table
 from .transact import POLL_SECONDS, _GroupCommit
 from .txn import _PGTxn
 
@@ -358,7 +358,12 @@ class PostgresStore(_Connections, _GroupCommit, Store):
             if not exists:
                 return False
         else:
-            self.transact(lambda txn: self._make_vectors(txn, vq, fill))
+            try:
+                self.transact(lambda txn: self._make_vectors(txn, vq, fill))
+            except KVError as e:
+                if not _denied(e):
+                    raise
+                return False  # a role that may not make the table (or index): no vectors
         self._vq = vq
         return True
 
@@ -381,7 +386,7 @@ class PostgresStore(_Connections, _GroupCommit, Store):
                     conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
                 except (errors.InsufficientPrivilege, errors.FeatureNotSupported):
                     return None
-            name = f"{self.table}_vectors"
+            name = vectors_table(self.table).as_string(conn)
             oid, typmod = conn.execute(
                 "SELECT 'vector'::regtype::oid, (SELECT a.atttypmod FROM pg_attribute a "
                 "WHERE a.attrelid = to_regclass(%s) AND a.attname = 'embedding')",
@@ -413,7 +418,9 @@ class PostgresStore(_Connections, _GroupCommit, Store):
             sql.Literal(f"kvsaver.kv:{self.table}")
         )
         txn._run(lock.as_string(conn), None)
-        exists = sql.SQL("SELECT to_regclass({}) IS NOT NULL").format(sql.Literal(vq.regclass))
+        exists = sql.SQL("SELECT to_regclass({}) IS NOT NULL").format(
+            sql.Literal(vq.table.as_string(conn))
+        )
         if not txn._run(exists.as_string(conn), None).fetchone()[0]:
             txn._run(vq.create.as_string(conn), None)
             if fill is not None:
@@ -486,3 +493,15 @@ class PostgresStore(_Connections, _GroupCommit, Store):
 
     def __repr__(self) -> str:
         return f"PostgresStore(table={self.table!r})"
+
+
+def _denied(e: BaseException) -> bool:
+    """Whether an error was the server refusing a privilege."""
+    from psycopg import errors
+
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, errors.InsufficientPrivilege):
+            return True
+        seen = seen.__cause__
+    return False

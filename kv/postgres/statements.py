@@ -274,6 +274,15 @@ def _register_arrays(conn: Any) -> None:
         conn.adapters.register_dumper(cls, dumper)
 
 
+def vectors_table(table: str) -> Any:
+    """The identifier of a store's vectors' table: ``<table>_vectors``, in
+    the store's schema (quoted as the store's own is: case kept)."""
+    from psycopg import sql
+
+    *schema, name = table.split(".")
+    return sql.Identifier(*schema, f"{name}_vectors")
+
+
 class _VectorQueries:
     """The statements of a store's vectors: a table beside the store's,
     ``<table>_vectors (key bytea PRIMARY KEY REFERENCES <table> ON DELETE
@@ -288,9 +297,8 @@ class _VectorQueries:
 
         *schema, name = table.split(".")
         kv = sql.Identifier(*schema, name)
-        t = sql.Identifier(*schema, f"{name}_vectors")
+        t = vectors_table(table)
         self.table, self.dims, self.oid, self.hnsw = t, dims, oid, hnsw
-        self.regclass = ".".join([*schema, f"{name}_vectors"])
         self.index_name = sql.Identifier(f"{name}_vectors_hnsw")
         digest = hashlib.sha1(f"{table}:{dims}:{hnsw is not None}".encode()).hexdigest()[:16]
         self.create = sql.SQL(
@@ -318,22 +326,23 @@ class _VectorQueries:
         # range: with the range in the same query the planner would scan it
         # by the key instead of asking the index.
         value = "(SELECT t.value FROM {1} AS t WHERE t.key = v.key)"
-        if hnsw is None:
-            template = (
-                f"SELECT v.key, {value} FROM (SELECT key, embedding <=> %b::vector AS d "
-                "FROM {0} WHERE key >= %b AND key < %b "
-                "ORDER BY coalesce(nullif(embedding <=> %b::vector, 'NaN'), 1), key "
-                "LIMIT %s OFFSET %s) AS v ORDER BY coalesce(nullif(v.d, 'NaN'), 1), v.key"
-            )
-            types: tuple[int, ...] = (0, _BYTEA, _BYTEA, 0, _INT8, _INT8)
-        else:
-            template = (
+        self.exact = stmt(
+            "vexact",
+            f"SELECT v.key, {value} FROM (SELECT key, embedding <=> %b::vector AS d "
+            "FROM {0} WHERE key >= %b AND key < %b "
+            "ORDER BY coalesce(nullif(embedding <=> %b::vector, 'NaN'), 1), key "
+            "LIMIT %s OFFSET %s) AS v ORDER BY coalesce(nullif(v.d, 'NaN'), 1), v.key",
+            (0, _BYTEA, _BYTEA, 0, _INT8, _INT8),
+        )
+        self.nearest = None
+        if hnsw is not None:
+            self.nearest = stmt(
+                "vnear",
                 f"SELECT v.key, {value} FROM (SELECT key, embedding <=> %b::vector AS d "
                 "FROM {0} ORDER BY embedding <=> %b::vector LIMIT %s) AS v "
-                "WHERE v.key >= %b AND v.key < %b ORDER BY v.d LIMIT %s OFFSET %s"
+                "WHERE v.key >= %b AND v.key < %b ORDER BY v.d LIMIT %s OFFSET %s",
+                (0, 0, _INT8, _BYTEA, _BYTEA, _INT8, _INT8),
             )
-            types = (0, 0, _INT8, _BYTEA, _BYTEA, _INT8, _INT8)
-        self.search = stmt("vsearch", template, types)
         # HNSW returns at most ef_search rows: set for each search, to what it asks.
         self.ef_search = _Stmt(
             sql.SQL("SELECT set_config('hnsw.ef_search', %b::text, true)"),

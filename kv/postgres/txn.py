@@ -41,6 +41,7 @@ MAX_KEY = 2000  # a btree index entry must fit a third of an 8 KiB page
 _FIRST_CHUNK = 64
 _MAX_CHUNK = 1024
 _HASH_OVER = 64  # a guard compares a longer assumed value by its SHA-256
+VECTORS_EACH = 2048  # the most buffered vectors: then they are sent
 _DELETE_EACH = 8  # up to this many keys deleted: a statement each (see _Queries)
 
 
@@ -593,26 +594,35 @@ class _PGTxn:
         vq.vector(vector)  # checked now, not at the commit
         self._vdirty[key] = bytes(vector)
         self._unclaimed.clear()
+        if len(self._vdirty) >= VECTORS_EACH:  # sent now: a statement's size stays bounded
+            self._run(None, None)
 
     def search_vectors(
-        self, start: bytes, stop: bytes, query: bytes, limit: int, offset: int = 0
+        self,
+        start: bytes,
+        stop: bytes,
+        query: bytes,
+        limit: int,
+        offset: int = 0,
+        exact: bool = False,
     ) -> list[tuple[bytes, bytes]]:
         """The records, by their vectors' distance: one statement, sent with
         what is buffered (this transaction's own writes are searched too).
-        With HNSW, ``hnsw.ef_search`` is set first to ``offset + limit`` (at
-        least pgvector's default 40, at most its 1000): the index returns
-        no more rows than that, and those outside the range are left out
-        after (a narrow range finds fewer)."""
+        With HNSW (unless ``exact``), ``hnsw.ef_search`` is set first to
+        ``offset + limit`` (at least pgvector's default 40, at most its
+        1000): the index returns no more rows than that, and those outside
+        the range are left out after (a narrow range finds fewer)."""
         vq = self._vectors()
         if limit <= 0 or start >= stop:
             return []
         vector = vq.vector(query)
-        params: tuple[Any, ...] = (vector, start, stop, vector, limit, offset)
-        if vq.hnsw is not None:
-            ef = min(max(offset + limit, 40), 1000)
-            self._queue.append((vq.ef_search, (ef,), None))
-            params = (vector, vector, ef, start, stop, limit, offset)
-        return [(k, v) for k, v in self._run(vq.search, params).fetchall()]
+        if vq.nearest is None or exact:
+            params: tuple[Any, ...] = (vector, start, stop, vector, limit, offset)
+            return [(k, v) for k, v in self._run(vq.exact, params).fetchall()]
+        ef = min(max(offset + limit, 40), 1000)
+        self._queue.append((vq.ef_search, (ef,), None))
+        params = (vector, vector, ef, start, stop, limit, offset)
+        return [(k, v) for k, v in self._run(vq.nearest, params).fetchall()]
 
     def scan(
         self,

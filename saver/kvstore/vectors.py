@@ -345,23 +345,29 @@ class Vectors:
         waiting: list[Scored] = []  # read, not yet yielded: a heap by _order
         seen: set[Item] = set()
         offset, page = 0, 64
+        approximate = self.hnsw is not None
         while True:
-            got = txn.search_vectors(start, stop, query, page, offset)
+            got = txn.search_vectors(start, stop, query, page, offset, exact=not approximate)
             offset += len(got)
             rows = self.rows_of(got, None if exact else ns_prefix)
             scores = dot(rows.matrix, q).tolist()
             for score, tie, item in zip(scores, rows.ties, rows.items):
                 heapq.heappush(waiting, (-score, tie, item))  # type: ignore[arg-type]
             last = len(got) < page
-            if self.hnsw is not None or last or not got:
+            if approximate or last or not got:
                 bound = float("inf")  # yield all read
             else:  # what a record not read yet may score at most
                 bound = -(self._score(got[-1][1], q) + 2 * self._margin)
-            while waiting and (last or self.hnsw is not None or waiting[0][0] < bound):
+            while waiting and waiting[0][0] < bound:
                 neg, _tie, item = heapq.heappop(waiting)
                 if item not in seen:
                     seen.add(item)
                     yield item[0], item[1], -neg
+            if last and approximate:
+                # The index's nearest ran out (a narrow prefix keeps few of
+                # them): the rest in exact order, a scan of the prefix's range.
+                approximate, offset, page = False, 0, 64
+                continue
             if last:
                 return
             page = min(page * 4, 4096)
