@@ -128,6 +128,7 @@ class PostgresStore(_Connections, _GroupCommit, Store):
         self.speculate = speculate
         self.prepare = prepare
         self._q = _Queries(table)
+        self._advisory = f"kvsaver.kv:{table}"  # setup's advisory lock, and the vectors'
         self._vq: _VectorQueries | None = None  # open_vectors
         self._begin_write = "BEGIN ISOLATION LEVEL SERIALIZABLE"
         self._begin_read = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
@@ -290,9 +291,7 @@ class PostgresStore(_Connections, _GroupCommit, Store):
         marker = f"{_MARK}{FORMAT_VERSION}"
         with conn.transaction():
             if not self.readonly:
-                conn.execute(
-                    "SELECT pg_advisory_xact_lock(hashtext(%s))", (f"kvsaver.kv:{self.table}",)
-                )
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (self._advisory,))
             row = conn.execute(
                 "SELECT obj_description(c.oid, 'pg_class'), true FROM pg_class c "
                 "WHERE c.oid = to_regclass(%s)",
@@ -415,7 +414,7 @@ class PostgresStore(_Connections, _GroupCommit, Store):
         conn = txn._conn
         # (an int: the driver loads no void)
         lock = sql.SQL("SELECT 1 FROM pg_advisory_xact_lock(hashtext({}))").format(
-            sql.Literal(f"kvsaver.kv:{self.table}")
+            sql.Literal(self._advisory)
         )
         txn._run(lock.as_string(conn), None)
         exists = sql.SQL("SELECT to_regclass({}) IS NOT NULL").format(

@@ -361,13 +361,14 @@ class _VectorQueries:
             floats.byteswap()
         return _VectorValue(_VHEAD.pack(self.dims, 0) + floats.tobytes())
 
-    def vectors(self, items: Sequence[bytes]) -> _VectorValue:
-        """A ``vector[]`` in the binary array format (of ``vector``'s oid)."""
+    def vectors(self, items: Sequence[_VectorValue]) -> _VectorValue:
+        """A ``vector[]`` in the binary array format (of ``vector``'s oid), of
+        vectors ``vector`` made."""
         if not items:
             return _VectorValue(struct.pack("!iii", 0, 0, self.oid))
         head = _HEAD.pack(1, 0, self.oid, len(items), 1)
         size = _LEN.pack(4 + 4 * self.dims)
-        return _VectorValue(b"".join([head, *(size + self.vector(v) for v in items)]))
+        return _VectorValue(b"".join([head, *(size + v for v in items)]))
 
 
 _VHEAD = struct.Struct("!hh")

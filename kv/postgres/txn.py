@@ -31,7 +31,7 @@ from .errors import (
     _translate,
     _unprepared,
 )
-from .statements import _XID, _bool_array, _bytea_array, _text
+from .statements import _XID, _bool_array, _bytea_array, _text, _VectorValue
 
 if TYPE_CHECKING:
     from .postgres_store import PostgresStore
@@ -64,7 +64,7 @@ class _PGTxn:
         # Vectors (SupportsVectors): their statements, once the store opened
         # them, and the vectors put not yet sent (after the records' writes).
         self._vq = store._vq
-        self._vdirty: dict[bytes, bytes] = {}
+        self._vdirty: dict[bytes, _VectorValue] = {}
         # First chunks of scans not yet sent: they go with the next round trip.
         self._queue: list[tuple[Any, Any, _Pending | None]] = []
         self._xid = _Pending((), 1)
@@ -200,8 +200,17 @@ class _PGTxn:
         sent some of it, or a statement failed)."""
         if mark[0] != self._sent or self.failed is not None or not self._open:
             return False
-        _, self._known, self._dirty, self._assumed, keys, ranges, queued, self._unclaimed = mark[:8]
-        self._vdirty = mark[8]
+        (
+            _,
+            self._known,
+            self._dirty,
+            self._assumed,
+            keys,
+            ranges,
+            queued,
+            self._unclaimed,
+            self._vdirty,
+        ) = mark
         del self.assumed_keys[keys:]
         del self._ranges[ranges:]
         del self._queue[queued:]
@@ -591,8 +600,7 @@ class _PGTxn:
         self._require_write()
         vq = self._vectors()
         key = bytes(key)
-        vq.vector(vector)  # checked now, not at the commit
-        self._vdirty[key] = bytes(vector)
+        self._vdirty[key] = vq.vector(vector)  # checked and converted once, now
         self._unclaimed.clear()
         if len(self._vdirty) >= VECTORS_EACH:  # sent now: a statement's size stays bounded
             self._run(None, None)

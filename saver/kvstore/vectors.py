@@ -373,8 +373,7 @@ class Vectors:
             page = min(page * 4, 4096)
 
     def _score(self, raw: bytes, q: np.ndarray) -> float:
-        vec = self._np.frombuffer(bytearray(self.decode(raw)[3]), dtype=self._np.float32)
-        return float(dot(unit_rows(self._np, vec.reshape(1, self.dims)), q)[0])
+        return float(dot(self.rows_of([(b"", raw)]).matrix, q)[0])
 
     def _plan(self, txn: Txn) -> tuple[_Cache, set[Item]] | None:
         """The cache, at a committed state, and the items whose vectors in
