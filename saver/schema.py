@@ -65,7 +65,7 @@ counter                                                      of vector changes
 vector log  ("s", "v", "l", seq)                             [namespace, key]: the
                                                              item whose vectors
                                                              change ``seq`` changed
-                                                             (the last
+                                                             (at least the last
                                                              ``vectors.LOG_KEEP``)
 head        ("~h", thread, ns)                               0x01, the newest
                                                              checkpoint's record and

@@ -194,6 +194,32 @@ def test_dims_mismatch_from_embed_is_a_clear_error(kv: Store) -> None:
         assert list(txn.scan()) == []
 
 
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")
+def test_embedded_lists_are_float32_as_numpy_makes_them() -> None:
+    """A list of floats becomes the float32 numpy makes of it, bit for bit;
+    what cannot be a finite float32 vector is a clear error."""
+    vectors = Vectors(config(Embedder()))  # type: ignore[arg-type]
+    rng = np.random.default_rng(3)
+    for scale in (1.0, 1e-42, 1e-30, 1e30):
+        v = [float(x) for x in rng.standard_normal(DIMS) * scale]
+        assert vectors.vector_bytes(v) == np.asarray(v, dtype=np.float32).tobytes()
+    # a tie rounds to even, ints and bools and numpy floats count, -0.0 stays
+    odd = [1 + 2**-24, 1 + 3 * 2**-24, 1, True, np.float64(0.1), 2**-149, -0.0]
+    odd += [0.5] * (DIMS - len(odd))
+    assert vectors.vector_bytes(odd) == np.asarray(odd, dtype=np.float32).tobytes()
+    arr = rng.standard_normal(DIMS)  # an array goes through numpy
+    assert vectors.vector_bytes(arr) == arr.astype(np.float32).tobytes()
+    for bad in (float("nan"), float("inf"), -float("inf"), 1e39):
+        for v in ([bad] + [0.0] * (DIMS - 1), np.array([0.0] * (DIMS - 1) + [bad])):
+            with pytest.raises(ValueError, match="NaN or infinite"):
+                vectors.vector_bytes(v)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        vectors.vector_bytes(["x"] * DIMS)
+    for wrong in ([0.5] * (DIMS + 1), b"\0" * (4 * DIMS - 4)):
+        with pytest.raises(ValueError, match="dims"):
+            vectors.vector_bytes(wrong)
+
+
 def f32(v: list[float]) -> list[float]:
     return [float(x) for x in np.asarray(v, dtype=np.float32)]
 
@@ -203,8 +229,11 @@ async def test_async_embedder_and_count_check() -> None:
         return [fake_vector(t) for t in texts]
 
     vectors = Vectors(config(aembed))  # type: ignore[arg-type]
-    got = await vectors.aembed_texts(["a", "b"])  # as float32 arrays, checked
-    assert [v.tolist() for v in got] == [f32(fake_vector("a")), f32(fake_vector("b"))]
+    got = await vectors.aembed_texts(["a", "b"])  # as float32 bytes, checked
+    assert [np.frombuffer(v, np.float32).tolist() for v in got] == [
+        f32(fake_vector("a")),
+        f32(fake_vector("b")),
+    ]
     assert (await vectors.aembed_query("q")).tolist() == f32(fake_vector("q"))
     short = Vectors(config(lambda texts: [fake_vector("x")]))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="returned 1 vectors for 2 texts"):
@@ -403,6 +432,7 @@ def test_log_is_trimmed_and_a_cache_too_far_behind_rebuilds(
 ) -> None:
     kv = numpy_kv
     monkeypatch.setattr(vmod, "LOG_KEEP", 8)
+    monkeypatch.setattr(vmod, "LOG_TRIM", 4)
     rng = np.random.default_rng(5)
     writer = Vectors(config(Embedder(), ["t"]))  # type: ignore[arg-type]
     reader = Vectors(config(Embedder(), ["t"]))  # type: ignore[arg-type]
@@ -421,7 +451,8 @@ def test_log_is_trimmed_and_a_cache_too_far_behind_rebuilds(
         with kv.read() as txn:
             log = [unpack(key)[3] for key, _ in txn.scan(*vmod.log_range(0, 10**9))]
             _, seq = vmod.read_counter(txn)
-        assert log == list(range(max(1, seq - 7), seq + 1))
+        # the last 8 at least, trimmed 4 at a time
+        assert log == list(range(max(1, seq - 7 - seq % 4), seq + 1)), seq
 
 
 def test_a_reader_behind_the_cache_sees_its_own_snapshot(numpy_kv: Store) -> None:
@@ -474,7 +505,7 @@ def test_a_search_in_a_write_transaction_sees_its_writes_and_a_rollback_leaves_n
                     [(f, v) for (f, _), v in zip(texts, embedded)],
                     stored=True,
                 )
-                inside[(("a",), f"k{i}")] = embedded
+                inside[(("a",), f"k{i}")] = [np.frombuffer(v, np.float32) for v in embedded]
             vmod.delete_vectors(txn, ("a",), "k0")
             del inside[(("a",), "k0")]
             q = fake_vector("x3")

@@ -78,7 +78,7 @@ class Put:
     value: bytes | None
     ttl: float | None
     texts: list[tuple[str, str]] = field(default_factory=list)
-    vectors: list[tuple[str, np.ndarray]] | None = None
+    vectors: list[tuple[str, bytes]] | None = None  # float32 bytes, checked
 
 
 @dataclass

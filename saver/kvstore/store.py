@@ -216,9 +216,7 @@ class KVStore(BaseStore):
             )
         return texts, queries
 
-    def _embedded(
-        self, plan: Plan, vectors: list[np.ndarray], queries: dict[str, np.ndarray]
-    ) -> None:
+    def _embedded(self, plan: Plan, vectors: list[bytes], queries: dict[str, np.ndarray]) -> None:
         it = iter(vectors)
         for p in plan.puts.values():
             p.vectors = [(path, next(it)) for path, _ in p.texts]

@@ -34,7 +34,9 @@ vector); an item scores as its best field.
 from __future__ import annotations
 
 import heapq
+import math
 import os
+import struct
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -52,14 +54,15 @@ from .keyspace import namespace_elements
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["LOG_KEEP", "Vectors"]
+__all__ = ["LOG_KEEP", "LOG_TRIM", "Vectors"]
 
 VECTORS = "v"
 _RECORD = "e"
 _COUNTER = "n"
 _LOG = "l"
 COUNTER_KEY = pack((STORE, VECTORS, _COUNTER))
-LOG_KEEP = 4096  # change-log entries kept: a cache further behind rebuilds
+LOG_KEEP = 4096  # change-log entries kept at least: a cache further behind rebuilds
+LOG_TRIM = 256  # entries trimmed at once: a put does not dirty the log's oldest page
 COMPACT_DEAD = 1024  # dead rows a cache keeps before it compacts (if also half)
 # Bytes of label elements in a record key: with the tail surrogate (<= 67
 # packed), ("s", "v", "e") (9), None (1) and the key and field elements (<= 96
@@ -129,6 +132,7 @@ class Vectors:
         if not isinstance(dims, int) or isinstance(dims, bool) or dims <= 0:
             raise ValueError(f"index config: dims must be a positive int, not {dims!r}")
         self.dims = dims
+        self._f32 = struct.Struct(f"={dims}f")
         # PostgresStore's index config names its pgvector operator; the scores
         # here are cosine similarities only, so another is refused, not ignored.
         distance = config.get("distance_type", "cosine")  # type: ignore[misc]
@@ -182,28 +186,51 @@ class Vectors:
                 out.append((path, found[0]))
         return out
 
-    def embed_texts(self, texts: list[str]) -> list[np.ndarray]:
+    def embed_texts(self, texts: list[str]) -> list[bytes]:
         if not texts:
             return []
         return self._checked(self.embeddings.embed_documents(texts), len(texts))
 
-    async def aembed_texts(self, texts: list[str]) -> list[np.ndarray]:
+    async def aembed_texts(self, texts: list[str]) -> list[bytes]:
         if not texts:
             return []
         return self._checked(await self.embeddings.aembed_documents(texts), len(texts))
 
     def embed_query(self, query: str) -> np.ndarray:
-        return self._checked([self.embeddings.embed_query(query)], 1)[0]
+        return self._vector(self.embeddings.embed_query(query))
 
     async def aembed_query(self, query: str) -> np.ndarray:
-        return self._checked([await self.embeddings.aembed_query(query)], 1)[0]
+        return self._vector(await self.embeddings.aembed_query(query))
 
-    def _checked(self, vectors: Sequence[Sequence[float]], n: int) -> list[np.ndarray]:
-        """The embedder's vectors as checked float32 arrays: converted once
-        here, written and ranked as they are."""
+    def _checked(self, vectors: Sequence[Sequence[float]], n: int) -> list[bytes]:
+        """The embedder's vectors, checked, as the float32 bytes stored:
+        converted once here."""
         if len(vectors) != n:
             raise ValueError(f"the embedder returned {len(vectors)} vectors for {n} texts")
-        return [self._vector(v) for v in vectors]
+        return [self.vector_bytes(v) for v in vectors]
+
+    def vector_bytes(self, v: Sequence[float] | np.ndarray | bytes) -> bytes:
+        """``v`` as float32 bytes, checked (see ``_vector``). A list of floats,
+        what embedders return, is packed by struct, which rounds as numpy
+        does: a put then makes no numpy call, each of which costs more than
+        the packing. Bytes are taken as float32 bytes already."""
+        if type(v) is bytes:
+            if len(v) != 4 * self.dims:
+                raise ValueError(
+                    f"a vector of {len(v) // 4} dims; the index config says dims={self.dims}"
+                )
+            return v
+        if type(v) is list and len(v) == self.dims:
+            try:
+                raw = self._f32.pack(*v)
+            except (struct.error, OverflowError):
+                pass  # not floats, or past float32's range: _vector says which
+            else:
+                # float32-range values cannot overflow a float64 sum: only a NaN
+                # or an infinity in ``v`` makes it one
+                if math.isfinite(sum(v)):
+                    return raw
+        return self._vector(v).tobytes()
 
     def _vector(self, v: Sequence[float] | np.ndarray) -> np.ndarray:
         """``v`` as float32, checked: dims as configured, finite."""
@@ -225,7 +252,7 @@ class Vectors:
         txn: Txn,
         ns: tuple[str, ...],
         key: str,
-        vectors: Sequence[tuple[str, Sequence[float] | np.ndarray]],
+        vectors: Sequence[tuple[str, Sequence[float] | np.ndarray | bytes]],
         stored: bool,
     ) -> None:
         """Replaces the item's vectors with these ([] removes them);
@@ -234,8 +261,7 @@ class Vectors:
         round trip of its own)."""
         prefix = item_prefix(ns, key)
         records = [
-            (pack((*prefix, k(field))), self._vector(vec).tobytes(), field)
-            for field, vec in vectors
+            (pack((*prefix, k(field))), self.vector_bytes(vec), field) for field, vec in vectors
         ]
         removed = txn.delete_range(*prefix_range(prefix)) if stored else 0
         if not removed and not records:
@@ -660,8 +686,9 @@ def delete_vectors(txn: Txn, ns: tuple[str, ...], key: str) -> None:
 
 
 def _logged(txn: Txn, ns: tuple[str, ...], key: str) -> None:
-    """Bumps the counter and logs the item; the entry that falls out of
-    the last ``LOG_KEEP`` goes, so the log stays that long."""
+    """Bumps the counter and logs the item. Every ``LOG_TRIM`` entries, the
+    entries older than the last ``LOG_KEEP`` go, in one range: trimmed one
+    by one, each put would also rewrite the page of the log's oldest entry."""
     epoch, seq = read_counter(txn)
     created = epoch is None
     if epoch is None:
@@ -674,5 +701,5 @@ def _logged(txn: Txn, ns: tuple[str, ...], key: str) -> None:
                 del _PENDING[next(iter(_PENDING))]
     txn.put(COUNTER_KEY, ormsgpack.packb([epoch, seq]))
     txn.put(log_key(seq), ormsgpack.packb([list(ns), key]))
-    if seq > LOG_KEEP:
-        txn.delete(log_key(seq - LOG_KEEP))
+    if seq > LOG_KEEP and seq % LOG_TRIM == 0:
+        txn.delete_range(*log_range(0, seq - LOG_KEEP))
