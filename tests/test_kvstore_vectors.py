@@ -194,6 +194,22 @@ def test_dims_mismatch_from_embed_is_a_clear_error(kv: Store) -> None:
         assert list(txn.scan()) == []
 
 
+def test_record_and_log_keys_are_the_schema_tables_tuples() -> None:
+    """Keys built from packed heads equal the packed tuples of saver/schema.py."""
+    from kvsaver.keyspace import k
+    from kvsaver.kv.keys import pack, prefix_range
+    from kvsaver.kvstore.keyspace import namespace_elements
+
+    for ns, key in [(("a",), "b"), ((), ""), (("u", "v" * 30, "a\x00b"), "k" * 300)]:
+        ns = ns + ("x" * 200,) * 3  # past the budget: the tail surrogate
+        for labels in (ns[:1], ns):
+            whole = ("s", "v", "e", *namespace_elements(labels, 240)[0], None, k(key))
+            assert vmod.item_prefix(labels, key) == pack(whole)
+            assert vmod.item_range(labels, key) == prefix_range(whole)
+    for seq in (1, 255, 256, 10**12):
+        assert vmod.log_key(seq) == pack(("s", "v", "l", seq))
+
+
 @pytest.mark.filterwarnings("ignore:overflow encountered in cast")
 def test_embedded_lists_are_float32_as_numpy_makes_them() -> None:
     """A list of floats becomes the float32 numpy makes of it, bit for bit;

@@ -89,9 +89,26 @@ def numpy() -> Any:
     return numpy
 
 
-def item_prefix(ns: tuple[str, ...], key: str) -> tuple[Any, ...]:
-    elements = namespace_elements(ns, _NS_BUDGET)[0]
-    return (STORE, VECTORS, _RECORD, *elements, None, k(key))
+_HEADS: dict[tuple[str, ...], bytes] = {}  # namespaces' record heads, packed
+_HEADS_MAX = 4096
+
+
+def item_prefix(ns: tuple[str, ...], key: str) -> bytes:
+    """The packed key of an item's records without their field; the
+    namespace's part kept for the namespaces used lately."""
+    head = _HEADS.get(ns)
+    if head is None:
+        head = pack((STORE, VECTORS, _RECORD, *namespace_elements(ns, _NS_BUDGET)[0], None))
+        if len(_HEADS) >= _HEADS_MAX:
+            _HEADS.clear()
+        _HEADS[ns] = head
+    return head + pack((k(key),))
+
+
+def item_range(ns: tuple[str, ...], key: str) -> tuple[bytes, bytes]:
+    """The keys of an item's records (as ``prefix_range``)."""
+    p = item_prefix(ns, key)
+    return p + b"\x00", p + b"\xff"
 
 
 def namespace_range(ns_prefix: tuple[str, ...]) -> tuple[bytes, bytes, bool]:
@@ -104,8 +121,11 @@ def namespace_range(ns_prefix: tuple[str, ...]) -> tuple[bytes, bytes, bool]:
     return (*prefix_range((STORE, VECTORS, _RECORD, *elements)), exact)
 
 
+_LOG_HEAD = pack((STORE, VECTORS, _LOG))
+
+
 def log_key(seq: int) -> bytes:
-    return pack((STORE, VECTORS, _LOG, seq))
+    return _LOG_HEAD + pack((seq,))
 
 
 def log_range(after: int, upto: int) -> tuple[bytes, bytes]:
@@ -261,9 +281,9 @@ class Vectors:
         round trip of its own)."""
         prefix = item_prefix(ns, key)
         records = [
-            (pack((*prefix, k(field))), self.vector_bytes(vec), field) for field, vec in vectors
+            (prefix + pack((k(field),)), self.vector_bytes(vec), field) for field, vec in vectors
         ]
-        removed = txn.delete_range(*prefix_range(prefix)) if stored else 0
+        removed = txn.delete_range(*item_range(ns, key)) if stored else 0
         if not removed and not records:
             return
         nsl = list(ns)
@@ -347,7 +367,7 @@ class Vectors:
             streams = [_best_first(self._np, scores, rows, ties, items)]
         for ns, key in sorted(overlay):
             if ns[: len(ns_prefix)] == ns_prefix:
-                own = self.rows(txn, *prefix_range(item_prefix(ns, key)))
+                own = self.rows(txn, *item_range(ns, key))
                 scores = dot(own.matrix, q)
                 streams.append(_best_first(self._np, scores, None, own.ties, own.items))
         merged = streams[0] if len(streams) == 1 else heapq.merge(*streams, key=_order)
@@ -597,7 +617,7 @@ class _Cache:
             return False
         for item in dict.fromkeys(item for _, item in entries):
             self._remove(item)
-            self._append(vectors.rows(txn, *prefix_range(item_prefix(*item))))
+            self._append(vectors.rows(txn, *item_range(*item)))
         self.history.extend(entries)
         while len(self.history) > LOG_KEEP:
             self.history_base = self.history.popleft()[0]
@@ -681,7 +701,7 @@ def delete_vectors(txn: Txn, ns: tuple[str, ...], key: str) -> None:
     """An item's vectors removed (needs no index config, no numpy: a store
     opened without its index, as ``kvsaver sweep`` opens it, still removes
     them)."""
-    if txn.delete_range(*prefix_range(item_prefix(ns, key))):
+    if txn.delete_range(*item_range(ns, key)):
         _logged(txn, ns, key)
 
 
