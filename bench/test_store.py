@@ -58,6 +58,11 @@ network connection is minutes that say nothing new). Without PostgreSQL's
 binaries they are left out and ``info`` says so; without ``kvsaver.KVStore``
 (an older checkout) its rows are left out and its targets "not measured".
 
+put:floor (each size): SqliteStore, then KVStore and the floor of its layout
+on copies of the built KVStore: the very records a KVStore put writes
+(recorded on a third copy), written by py-lmdb in one fully durable commit
+each, after the same embed call.
+
 Targets: every operation's KVStore row <= 0.5x SqliteStore; search:vector@100k
 <= 0.1x SqliteStore with recall@10 >= 0.95. Results: bench/results/store.json.
 """
@@ -483,3 +488,127 @@ def test_store_vector_search(benchmark: Any, stores: Stores) -> None:
         targets=targets,
     )
     assert recall[SQLITE] >= 0.9  # an exact scan: the fake and the truth agree
+
+
+# -- put against the floor of KVStore's layout --------------------------------------------
+
+
+class _Recorder:
+    """A ``Store`` that keeps each write transaction's puts and deletes
+    (the last run of each: a transaction may run again after a map growth)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.txns: list[list[tuple[str, bytes, bytes | None]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def transact(self, fn: Callable[[Any], Any]) -> Any:
+        last: list[list[tuple[str, bytes, bytes | None]]] = [[]]
+
+        def recorded(txn: Any) -> Any:
+            last[0] = []
+            return fn(_RecordingTxn(txn, last[0]))
+
+        result = self._store.transact(recorded)
+        self.txns.append(last[0])
+        return result
+
+
+class _RecordingTxn:
+    def __init__(self, txn: Any, ops: list[tuple[str, bytes, bytes | None]]) -> None:
+        self._txn, self._ops = txn, ops
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._txn, name)
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._ops.append(("put", key, value))
+        self._txn.put(key, value)
+
+    def delete(self, key: bytes) -> bool:
+        self._ops.append(("delete", key, None))
+        return bool(self._txn.delete(key))
+
+    def delete_range(self, start: bytes, stop: bytes) -> int:
+        self._ops.append(("range", start, stop))
+        return int(self._txn.delete_range(start, stop))
+
+
+def _replay(env: Any, ops: list[tuple[str, bytes, bytes | None]]) -> None:
+    with env.begin(write=True) as txn:
+        for op, a, b in ops:
+            if op == "put":
+                txn.put(a, b)
+            elif op == "delete":
+                txn.delete(a)
+            else:
+                cur = txn.cursor()
+                if cur.set_range(a):
+                    while cur.key() < b and cur.delete():
+                        pass
+
+
+def test_store_put_floor(benchmark: Any, stores: Stores, tmp_path: Any) -> None:
+    """KVStore's put against the floor of its layout: the very records a put
+    writes (recorded on a copy of the store), written by py-lmdb directly in
+    one commit with LMDB's full durability, after the same embed call: what
+    any code keeping this layout pays. Both on copies of the built store."""
+    import lmdb
+    from kvsaver.kv import LMDBStore
+
+    if KV not in stores.rows:
+        pytest.skip("no KVStore in this checkout")
+    src = os.path.join(stores.rows[KV].store.store.path, "data.mdb")  # type: ignore[attr-defined]
+    dirs = {n: tmp_path / n for n in ("record", "kv", "floor")}
+    for d in dirs.values():
+        d.mkdir()
+        shutil.copy(src, d / "data.mdb")
+    per = 20
+    todo = [item(30_000_000 + j)[2] for j in range((ROUNDS + 1) * per)]
+
+    def put_of(j: int) -> tuple[tuple[str, ...], str, dict[str, Any]]:
+        return ("bench-puts", f"floor-{j // per}"), f"new-{j:08d}", todo[j]
+
+    recorder = _Recorder(LMDBStore(str(dirs["record"]), durability="none"))
+    recording = KVStore(recorder, index=INDEX)
+    for j in range(len(todo)):
+        recording.put(*put_of(j))
+    recording.close()
+    kv = KVStore(str(dirs["kv"]), index=INDEX)
+    with open(dirs["floor"] / "data.mdb", "ab") as f:  # zeroed ahead, as KVStore does
+        f.write(bytes(64 << 20))
+        os.fsync(f.fileno())
+    env = lmdb.open(str(dirs["floor"]), map_size=1 << 34, sync=True, metasync=True, max_dbs=0)
+    sqlite = stores.rows[SQLITE].store
+
+    def steps(r: int) -> dict[str, Callable[[], Any]]:
+        js = range(r * per, (r + 1) * per)
+        return {
+            SQLITE: lambda: [sqlite.put(*put_of(j)) for j in js],
+            KV: lambda: [kv.put(*put_of(j)) for j in js],
+            "KVStore layout floor": lambda: [
+                (embed([todo[j]["text"]]), _replay(env, recorder.txns[j])) for j in js
+            ],
+        }
+
+    try:
+        wall, cpu = paired_rounds(benchmark, f"put:floor@{_size(stores.size)}", steps, ROUNDS, per)
+    finally:
+        kv.close()
+        env.close()
+    x = x_of(wall, SQLITE)
+    record(
+        AREA,
+        f"put:floor@{_size(stores.size)}",
+        f"put on copies of the {stores.size:,}-item store against the floor of KVStore's "
+        f"layout ({per} per row and round)",
+        metric_rows(us=us(wall), x_sqlite=x, cpu_us=us(cpu), cpu_x_sqlite=x_of(cpu, SQLITE)),
+        info={
+            "rounds": ROUNDS,
+            "ops_per_row_per_round": per,
+            "writes_per_put": round(sum(map(len, recorder.txns)) / len(recorder.txns), 2),
+            **stores.info,
+        },
+    )
