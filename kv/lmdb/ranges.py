@@ -74,6 +74,40 @@ def _scan(
                 yield key, value
 
 
+def _some(
+    txn: lmdb.Transaction,
+    max_key: int,
+    start: bytes | None,
+    stop: bytes | None,
+    reverse: bool,
+    limit: int,
+) -> list[tuple[bytes, bytes]]:
+    """``list(islice(_scan(...), limit))`` without a generator: one left
+    unfinished is closed by an exception thrown into it, which costs more
+    than the scan of a few keys."""
+    out: list[tuple[bytes, bytes]] = []
+    if limit <= 0:
+        return out
+    with txn.cursor() as cur:
+        if not _seek(cur, max_key, start, stop, reverse):
+            return out
+        if reverse:
+            for key, value in cur.iterprev():
+                if start is not None and key < start:
+                    break
+                out.append((key, value))
+                if len(out) == limit:
+                    break
+        else:
+            for key, value in cur.iternext():
+                if stop is not None and key >= stop:
+                    break
+                out.append((key, value))
+                if len(out) == limit:
+                    break
+    return out
+
+
 def _one(
     txn: lmdb.Transaction, max_key: int, start: bytes | None, stop: bytes | None, reverse: bool
 ) -> list[tuple[bytes, bytes]]:

@@ -10,7 +10,6 @@ transaction, and ``transact()`` queues its function in the group-commit queue
 
 from __future__ import annotations
 
-import itertools
 import os
 import threading
 import time
@@ -46,7 +45,7 @@ from .environment import (
 from .failures import _DAMAGE, _damaged, _disk_full, _drop_orphans, _finished
 from .growth import _PAGE, _no_puts
 from .lockfile import CALLER_FILES
-from .ranges import _delete_range, _one, _scan
+from .ranges import _delete_range, _one, _scan, _some
 
 T = TypeVar("T")
 
@@ -203,9 +202,7 @@ class _LMDBTxn:
             return _scan(self._txn, self._env.max_key, start, stop, reverse)
         if limit == 1:  # "the first/last key in a range": every get_tuple of a latest
             return iter(_one(self._txn, self._env.max_key, start, stop, reverse))
-        return itertools.islice(
-            _scan(self._txn, self._env.max_key, start, stop, reverse), max(limit, 0)
-        )
+        return iter(_some(self._txn, self._env.max_key, start, stop, reverse, limit))
 
 
 _new_txn = object.__new__

@@ -19,7 +19,7 @@ import operator
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import ormsgpack
 from kvsaver.kv.keys import unpack
@@ -212,11 +212,13 @@ class Run:
 
     def search(self, op: SearchOp, query: np.ndarray | None) -> list[SearchItem]:
         spaces = self.namespaces(op.namespace_prefix)
-        labels = {ns_id: ns for ns_id, ns, _ in spaces}
         if query is not None and self.vectors is not None:
             picked = self._ranked(op, query, spaces)
+        elif not op.filter:
+            return self._listed(spaces, op.offset, op.limit, op.refresh_ttl)
         else:
             picked = self._plain(op, spaces, op.offset, op.limit, None)
+        labels = {ns_id: ns for ns_id, ns, _ in spaces}
         out = []
         refresh = self.refresh if op.refresh_ttl else None
         for ns_id, el, rec, value, score in picked:
@@ -224,6 +226,51 @@ class Run:
                 refresh.append((ns_id, el))
             out.append(as_search_item(labels[ns_id], rec, value, score))
         return out
+
+    def _listed(
+        self, spaces: list[_Space], offset: int, limit: int, refresh_ttl: bool
+    ) -> list[SearchItem]:
+        """A search without a query or filter: every live item counts, so
+        ``offset`` is skipped undecoded (unread where no TTL was put, see
+        ``_after``) and the next ``limit`` are built as read."""
+        out: list[SearchItem] = []
+        refresh = self.refresh if refresh_ttl else None
+        unpackb = ormsgpack.unpackb
+        for ns_id, labels, ttl in spaces:
+            n = limit - len(out)  # still wanted, after the offset
+            if n <= 0:
+                break
+            if ttl:  # expired items do not count: the first ones read live
+                hits = list(
+                    itertools.islice(self.items(ns_id, self.entries(ns_id), offset + n), offset + n)
+                )
+                skipped = min(offset, len(hits))
+                hits = hits[skipped:]
+            else:
+                skipped, hits = self._after(ns_id, offset, n)
+            offset -= skipped
+            for _, el, rec in hits:
+                if refresh is not None and rec.ttl is not None:
+                    refresh.append((ns_id, el))
+                out.append(as_search_item(labels, rec, unpackb(rec.value), None))
+        return out
+
+    def _after(self, ns_id: int, skip: int, n: int) -> tuple[int, list[_Hit]]:
+        """In a namespace where no TTL was put (every entry a live item), how
+        many of ``skip`` items it skips and the ``n`` after them: its first
+        ``skip + n`` entries and the records of the last ``n``, read as lists
+        (a generator left unfinished is closed by an exception)."""
+        els = [el for _, el in self.txn.scan(*KS.order_range(ns_id), limit=skip + n)]
+        if len(els) <= skip:
+            return len(els), []
+        els = els[skip:]
+        head = KS.item_key(ns_id, b"")
+        raws = self.txn.get_many([head + el for el in els])
+        if None in raws:  # an entry without its record (none is written so): read on
+            entries = itertools.islice(self.entries(ns_id), skip, None)
+            return skip, list(itertools.islice(self.items(ns_id, entries, n), n))
+        found = cast("list[bytes]", raws)
+        return skip, [(ns_id, el, KS.decode_item(raw)) for el, raw in zip(els, found)]
 
     def _plain(
         self,
@@ -238,20 +285,9 @@ class Run:
         out: list[_Found] = []
         if limit <= 0:
             return out
-        plain = not op.filter and vectors is None  # every live item counts
-        for ns_id, _, ttl in spaces:
-            entries = self.entries(ns_id)
-            if offset and plain and not ttl:  # every entry is a live item: skipped unread
-                skipped = sum(1 for _ in itertools.islice(entries, offset))
-                offset -= skipped
-                if offset:
-                    continue
-            # no more records read first than the search returns if they all count
-            for _, el, rec in self.items(ns_id, entries, offset + limit - len(out)):
+        for ns_id, _, _ in spaces:
+            for _, el, rec in self.items(ns_id, self.entries(ns_id), offset + limit - len(out)):
                 if vectors is False and rec.vectors:
-                    continue
-                if offset and plain:  # skipped undecoded
-                    offset -= 1
                     continue
                 value = ormsgpack.unpackb(rec.value)
                 if op.filter and not CK.matches(value, op.filter):

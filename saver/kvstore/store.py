@@ -318,14 +318,25 @@ class KVStore(BaseStore):
         refresh_ttl: bool | None = None,
     ) -> list[SearchItem]:
         """``BaseStore.search``: the one op checked as ``batch`` checks it;
-        one that embeds nothing is run without a batch's planning."""
-        op = SearchOp(
-            namespace_prefix, filter, limit, offset, query, self._refresh_default(refresh_ttl)
+        one that embeds nothing is run in a read of its own, as ``_execute``
+        runs a batch of reads, without the batch's plan."""
+        op = _checked_search(
+            SearchOp(
+                namespace_prefix, filter, limit, offset, query, self._refresh_default(refresh_ttl)
+            )
         )
-        plan = Plan([_checked_search(op)], {})
         if query is not None and self._vectors is not None:
+            plan = Plan([op], {})
             self._embed(plan)
-        return cast("list[SearchItem]", self._execute(plan)[0])
+            return cast("list[SearchItem]", self._execute(plan)[0])
+        now_us = time.time_ns() // 1000
+        with self.store.read() as txn:
+            run = Run(txn, now_us, self._ns_ids, None, write=False)
+            found = run.search(op, None)
+        self._learn(run)
+        if run.refresh:
+            self._refresh(run.refresh, now_us)
+        return found
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
         """Run ``ops`` (GetOp, PutOp, SearchOp, ListNamespacesOp) as one
@@ -391,7 +402,9 @@ def _learned(memo: dict[Any, Any] | set[Any], new: Mapping[Any, Any] | set[Any])
 
 
 def _checked_search(op: SearchOp) -> SearchOp:
-    op = op._replace(namespace_prefix=CK.labels(op.namespace_prefix, "namespace_prefix"))
+    prefix = CK.labels(op.namespace_prefix, "namespace_prefix")
+    if prefix is not op.namespace_prefix:  # a list (or a tuple subclass) made a tuple
+        op = op._replace(namespace_prefix=prefix)
     CK.check_filter(op.filter)
     CK.check_page(op.limit, op.offset, "search")
     if op.query is not None and not isinstance(op.query, str):
