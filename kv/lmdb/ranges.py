@@ -54,8 +54,19 @@ def _beyond(key: bytes, start: bytes | None, stop: bytes | None, reverse: bool) 
 
 
 def _scan(
-    txn: lmdb.Transaction, max_key: int, start: bytes | None, stop: bytes | None, reverse: bool
+    txn: lmdb.Transaction,
+    max_key: int,
+    start: bytes | None,
+    stop: bytes | None,
+    reverse: bool,
+    limit: int | None = None,
 ) -> Iterator[tuple[bytes, bytes]]:
+    """The pairs of a range, at most ``limit``. A scan with a limit returns
+    once it has them: a generator a caller leaves unfinished is closed by an
+    exception thrown into it, which costs more than the scan of a few keys."""
+    if limit is not None and limit <= 0:
+        return
+    n = 0
     with txn.cursor() as cur:
         if not _seek(cur, max_key, start, stop, reverse):
             return
@@ -67,45 +78,17 @@ def _scan(
                 if start is not None and key < start:
                     return
                 yield key, value
+                n += 1
+                if n == limit:
+                    return
         else:
             for key, value in cur.iternext():
                 if stop is not None and key >= stop:
                     return
                 yield key, value
-
-
-def _some(
-    txn: lmdb.Transaction,
-    max_key: int,
-    start: bytes | None,
-    stop: bytes | None,
-    reverse: bool,
-    limit: int,
-) -> list[tuple[bytes, bytes]]:
-    """``list(islice(_scan(...), limit))`` without a generator: one left
-    unfinished is closed by an exception thrown into it, which costs more
-    than the scan of a few keys."""
-    out: list[tuple[bytes, bytes]] = []
-    if limit <= 0:
-        return out
-    with txn.cursor() as cur:
-        if not _seek(cur, max_key, start, stop, reverse):
-            return out
-        if reverse:
-            for key, value in cur.iterprev():
-                if start is not None and key < start:
-                    break
-                out.append((key, value))
-                if len(out) == limit:
-                    break
-        else:
-            for key, value in cur.iternext():
-                if stop is not None and key >= stop:
-                    break
-                out.append((key, value))
-                if len(out) == limit:
-                    break
-    return out
+                n += 1
+                if n == limit:
+                    return
 
 
 def _one(

@@ -45,7 +45,7 @@ from .environment import (
 from .failures import _DAMAGE, _damaged, _disk_full, _drop_orphans, _finished
 from .growth import _PAGE, _no_puts
 from .lockfile import CALLER_FILES
-from .ranges import _delete_range, _one, _scan, _some
+from .ranges import _delete_range, _one, _scan
 
 T = TypeVar("T")
 
@@ -198,11 +198,9 @@ class _LMDBTxn:
         reverse: bool = False,
         limit: int | None = None,
     ) -> Iterator[tuple[bytes, bytes]]:
-        if limit is None:
-            return _scan(self._txn, self._env.max_key, start, stop, reverse)
         if limit == 1:  # "the first/last key in a range": every get_tuple of a latest
             return iter(_one(self._txn, self._env.max_key, start, stop, reverse))
-        return iter(_some(self._txn, self._env.max_key, start, stop, reverse, limit))
+        return _scan(self._txn, self._env.max_key, start, stop, reverse, limit)
 
 
 _new_txn = object.__new__

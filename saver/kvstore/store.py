@@ -16,7 +16,7 @@ import functools
 import math
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from kvsaver.kv.store import FormatVersionError, Store
@@ -250,15 +250,16 @@ class KVStore(BaseStore):
             results = self.store.transact(fn)
             self._learn(run_box[0])
             return results
-        run = self._read(plan, now_us)
+        run = self._read(now_us, lambda run: run.execute(plan))
         if run.refresh:
             self._refresh(run.refresh, now_us)
         return run.results
 
-    def _read(self, plan: Plan, now_us: int) -> Run:
+    def _read(self, now_us: int, reads: Callable[[Run], list[Any]]) -> Run:
+        """A run of ``reads`` in a read transaction; its results in ``results``."""
         with self.store.read() as txn:
             run = Run(txn, now_us, self._ns_ids, self._vectors, write=False)
-            run.results = run.execute(plan)
+            run.results = reads(run)
         self._learn(run)
         return run
 
@@ -330,13 +331,10 @@ class KVStore(BaseStore):
             self._embed(plan)
             return cast("list[SearchItem]", self._execute(plan)[0])
         now_us = time.time_ns() // 1000
-        with self.store.read() as txn:
-            run = Run(txn, now_us, self._ns_ids, None, write=False)
-            found = run.search(op, None)
-        self._learn(run)
+        run = self._read(now_us, lambda run: run.search(op, None))
         if run.refresh:
             self._refresh(run.refresh, now_us)
-        return found
+        return run.results
 
     def batch(self, ops: Iterable[Op]) -> list[Result]:
         """Run ``ops`` (GetOp, PutOp, SearchOp, ListNamespacesOp) as one
@@ -353,7 +351,7 @@ class KVStore(BaseStore):
         if plan.writes or not self._inline_reads:
             return await self._run(self._execute, plan)
         now_us = time.time_ns() // 1000
-        run = self._read(plan, now_us)
+        run = self._read(now_us, lambda run: run.execute(plan))
         results, refresh = run.results, run.refresh
         # Not held across the await: the run holds its ended read transaction,
         # which keeps an LMDB reader slot while it lives, and thousands of
