@@ -61,7 +61,15 @@ from typing import Any
 
 from .store import CorruptStoreError
 
-__all__ = ["Element", "MalformedKeyError", "pack", "prefix_range", "split", "unpack"]
+__all__ = [
+    "Element",
+    "MalformedKeyError",
+    "extensions",
+    "pack",
+    "prefix_range",
+    "split",
+    "unpack",
+]
 
 Element = Any  # None | bytes | str | int | float | bool
 
@@ -276,5 +284,9 @@ def prefix_range(t: tuple) -> tuple[bytes, bytes]:
     Every element starts with a type code below 0xff, so appending ``\\x00``
     and ``\\xff`` to the packed prefix brackets all extensions.
     """
-    p = pack(t)
+    return extensions(pack(t))
+
+
+def extensions(p: bytes) -> tuple[bytes, bytes]:
+    """``prefix_range`` of an already packed prefix ``p``."""
     return p + b"\x00", p + b"\xff"

@@ -614,3 +614,18 @@ def test_a_namespace_says_once_an_item_of_it_had_a_ttl(tmp_path: Path) -> None:
         store.delete(("plain",), "a")
         assert store.list_namespaces() == [("later",)]
         assert problems(store) == []
+
+
+def test_a_search_reads_past_an_order_entry_without_its_record() -> None:
+    """None is written so, but a plain search over one (no TTL in the
+    namespace) still returns the live items around it."""
+    store = KVStore(":memory:")
+    for i in range(4):
+        store.put(("n",), f"k{i}", {"i": i})
+    with store.store.write() as txn:
+        ns_id = OPS.stored_ns_id(txn, ("n",))
+        assert ns_id is not None
+        txn.delete(KS.item_key(ns_id, KS.key_element("k1")))  # its order entry stays
+    assert [i.key for i in store.search(("n",))] == ["k0", "k2", "k3"]
+    assert [i.key for i in store.search(("n",), offset=1, limit=1)] == ["k2"]
+    store.close()

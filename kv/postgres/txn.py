@@ -624,13 +624,14 @@ class _PGTxn:
         if limit <= 0 or start >= stop:
             return []
         vector = vq.vector(query)
+        params: tuple[Any, ...]
         if vq.nearest is None or exact:
-            params: tuple[Any, ...] = (vector, start, stop, vector, limit, offset)
-            return [(k, v) for k, v in self._run(vq.exact, params).fetchall()]
-        ef = min(max(offset + limit, 40), 1000)
-        self._queue.append((vq.ef_search, (ef,), None))
-        params = (vector, vector, ef, start, stop, limit, offset)
-        return [(k, v) for k, v in self._run(vq.nearest, params).fetchall()]
+            stmt, params = vq.exact, (vector, start, stop, vector, limit, offset)
+        else:
+            ef = min(max(offset + limit, 40), 1000)
+            self._queue.append((vq.ef_search, (ef,), None))
+            stmt, params = vq.nearest, (vector, vector, ef, start, stop, limit, offset)
+        return [(k, v) for k, v in self._run(stmt, params).fetchall()]
 
     def scan(
         self,

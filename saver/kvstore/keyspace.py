@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import ormsgpack
-from kvsaver.kv.keys import INT_ZERO, pack, prefix_range, unpack
+from kvsaver.kv.keys import INT_ZERO, extensions, pack, prefix_range, unpack
 from kvsaver.kv.store import CorruptStoreError
 
 from ..keyspace import STORE, _el, k, store_range
@@ -170,8 +170,7 @@ def item_key(ns_id: int, el: bytes) -> bytes:
 
 def items_range(ns_id: int) -> tuple[bytes, bytes]:
     """The records of a namespace's items, in key order."""
-    p = _heads(ns_id)[1]
-    return p + b"\x00", p + b"\xff"
+    return extensions(_heads(ns_id)[1])
 
 
 def order_key(ns_id: int, seq: int) -> bytes:
@@ -181,8 +180,7 @@ def order_key(ns_id: int, seq: int) -> bytes:
 def order_range(ns_id: int) -> tuple[bytes, bytes]:
     """A namespace's order entries, in insertion order. Its start is as long
     as an order key before the seq's bytes (``order_seq``)."""
-    p = _heads(ns_id)[0]
-    return p + b"\x00", p + b"\xff"
+    return extensions(_heads(ns_id)[0])
 
 
 def order_seq(key: bytes, skip: int) -> int:

@@ -240,14 +240,13 @@ class Run:
             n = limit - len(out)  # still wanted, after the offset
             if n <= 0:
                 break
-            if ttl:  # expired items do not count: the first ones read live
+            got = None if ttl else self._after(ns_id, offset, n)
+            if got is None:  # expired items do not count: the first ones read live
                 hits = list(
                     itertools.islice(self.items(ns_id, self.entries(ns_id), offset + n), offset + n)
                 )
-                skipped = min(offset, len(hits))
-                hits = hits[skipped:]
-            else:
-                skipped, hits = self._after(ns_id, offset, n)
+                got = min(offset, len(hits)), hits[offset:]
+            skipped, hits = got
             offset -= skipped
             for _, el, rec in hits:
                 if refresh is not None and rec.ttl is not None:
@@ -255,20 +254,20 @@ class Run:
                 out.append(as_search_item(labels, rec, unpackb(rec.value), None))
         return out
 
-    def _after(self, ns_id: int, skip: int, n: int) -> tuple[int, list[_Hit]]:
+    def _after(self, ns_id: int, skip: int, n: int) -> tuple[int, list[_Hit]] | None:
         """In a namespace where no TTL was put (every entry a live item), how
         many of ``skip`` items it skips and the ``n`` after them: its first
         ``skip + n`` entries and the records of the last ``n``, read as lists
-        (a generator left unfinished is closed by an exception)."""
+        (a generator left unfinished is closed by an exception). None if an
+        entry has no record (none is written so): then read as with a TTL."""
         els = [el for _, el in self.txn.scan(*KS.order_range(ns_id), limit=skip + n)]
         if len(els) <= skip:
             return len(els), []
         els = els[skip:]
         head = KS.item_key(ns_id, b"")
         raws = self.txn.get_many([head + el for el in els])
-        if None in raws:  # an entry without its record (none is written so): read on
-            entries = itertools.islice(self.entries(ns_id), skip, None)
-            return skip, list(itertools.islice(self.items(ns_id, entries, n), n))
+        if None in raws:
+            return None
         found = cast("list[bytes]", raws)
         return skip, [(ns_id, el, KS.decode_item(raw)) for el, raw in zip(els, found)]
 

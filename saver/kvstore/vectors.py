@@ -43,7 +43,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 
 import ormsgpack
-from kvsaver.kv.keys import pack, prefix_range, unpack
+from kvsaver.kv.keys import extensions, pack, prefix_range, unpack
 from kvsaver.kv.store import MissingDependencyError, Store, SupportsVectors, Txn, VectorTxn
 from langgraph.store.base import IndexConfig
 from langgraph.store.base.embed import ensure_embeddings, get_text_at_path, tokenize_path
@@ -106,9 +106,8 @@ def item_prefix(ns: tuple[str, ...], key: str) -> bytes:
 
 
 def item_range(ns: tuple[str, ...], key: str) -> tuple[bytes, bytes]:
-    """The keys of an item's records (as ``prefix_range``)."""
-    p = item_prefix(ns, key)
-    return p + b"\x00", p + b"\xff"
+    """The keys of an item's records."""
+    return extensions(item_prefix(ns, key))
 
 
 def namespace_range(ns_prefix: tuple[str, ...]) -> tuple[bytes, bytes, bool]:
